@@ -1,0 +1,3 @@
+from air_hpc.cli.main import main
+
+main()

@@ -1,0 +1,1 @@
+"""The ``air-hpc`` command line: thin click commands over the library."""

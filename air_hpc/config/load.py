@@ -1,0 +1,206 @@
+"""Load a job file: compose named profiles, apply ``--set`` overrides, validate.
+
+Errors name the file and line where the YAML gives one, the dotted key, and
+for unknown keys the closest valid one.
+"""
+
+import difflib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from air_hpc.config.models import JobConfig
+from air_hpc.errors import ConfigError
+
+REPO_CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+
+#: Job keys that may name a profile file instead of holding a mapping.
+PROFILE_KINDS = {"cluster": "clusters", "hardware": "hardware", "model": "models"}
+
+
+@dataclass
+class Source:
+    """Where each dotted key came from, for error messages."""
+
+    lines: dict[str, tuple[Path, int]] = field(default_factory=dict)
+    overridden: set[str] = field(default_factory=set)
+
+    def where(self, key: str) -> str:
+        if key in self.overridden:
+            return f"--set {key}"
+        probe = key
+        while probe:
+            if probe in self.lines:
+                path, line = self.lines[probe]
+                return f"{path}:{line}"
+            probe = probe.rpartition(".")[0]
+        return ""
+
+
+def read_yaml(path: Path, source: Source | None = None, prefix: str = "") -> dict[str, Any]:
+    """Parse a YAML mapping, recording the line of every key under ``prefix``."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{where}: invalid YAML: {problem}") from None
+    if data is None:
+        raise ConfigError(f"{path}: file is empty; expected a mapping of config keys")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}:1: expected a mapping of config keys, got {type(data).__name__}")
+    if source is not None and node is not None:
+        _record_lines(node, path, prefix, source)
+    return data
+
+
+def _record_lines(node: yaml.Node, path: Path, prefix: str, source: Source) -> None:
+    if not isinstance(node, yaml.MappingNode):
+        return
+    for key_node, value_node in node.value:
+        key = f"{prefix}{key_node.value}"
+        source.lines[key] = (path, key_node.start_mark.line + 1)
+        _record_lines(value_node, path, key + ".", source)
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``a.b=value`` -> ("a.b", value parsed as a YAML scalar, else the raw text)."""
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"--set {item!r}: expected KEY=VALUE with a dotted key, e.g. train.steps=100")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    if isinstance(value, (dict, list)) or value is None:
+        value = raw
+    return key, value
+
+
+def _config_dirs(job_path: Path) -> list[Path]:
+    dirs = [job_path.resolve().parent.parent, REPO_CONFIG_DIR]
+    return list(dict.fromkeys(dirs))
+
+
+def _load_profile(kind: str, name: str, job_path: Path, source: Source) -> dict[str, Any]:
+    subdir = PROFILE_KINDS[kind]
+    available: set[str] = set()
+    for base in _config_dirs(job_path):
+        candidate = base / subdir / f"{name}.yaml"
+        if candidate.is_file():
+            data = read_yaml(candidate, source, prefix=f"{kind}.")
+            data.setdefault("name", name)
+            return data
+        if (base / subdir).is_dir():
+            available.update(p.stem for p in (base / subdir).glob("*.yaml"))
+    hint = _suggest(name, available)
+    where = source.where(kind) or str(job_path)
+    raise ConfigError(
+        f"{where}: {kind} profile {name!r} not found in configs/{subdir}/{hint}"
+        f" (available: {', '.join(sorted(available)) or 'none'})"
+    )
+
+
+def _suggest(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {key}: {'.'.join(parts[: i + 1])} is not a mapping")
+        node = child
+    node[parts[-1]] = value
+
+
+def load_job(path: str | Path, overrides: Iterable[str] = (), base_dir: Path | None = None) -> JobConfig:
+    """Read, compose, override and validate a job file.
+
+    Relative paths (``run.root``, ``data.path``, ``cluster.topology_file``) are
+    made absolute against ``base_dir`` (default: the current directory) so that
+    a batch script running elsewhere sees the same files.
+    """
+    job_path = Path(path)
+    source = Source()
+    raw = read_yaml(job_path, source)
+    parsed = [parse_override(item) for item in overrides]
+    for key, value in parsed:
+        if key in PROFILE_KINDS and isinstance(value, str):
+            raw[key] = value
+            source.overridden.add(key)
+    for kind in PROFILE_KINDS:
+        if isinstance(raw.get(kind), str):
+            raw[kind] = _load_profile(kind, raw[kind], job_path, source)
+    for key, value in parsed:
+        if key in PROFILE_KINDS and isinstance(value, str):
+            continue
+        _set_dotted(raw, key, value)
+        source.overridden.add(key)
+    _absolutize(raw, base_dir or Path.cwd())
+    return validate(raw, source, job_path)
+
+
+def _absolutize(raw: dict[str, Any], base: Path) -> None:
+    for section, key in (("run", "root"), ("data", "path"), ("cluster", "topology_file")):
+        node = raw.get(section)
+        if isinstance(node, dict) and isinstance(node.get(key), str):
+            node[key] = str((base / Path(node[key]).expanduser()).resolve())
+
+
+def validate(raw: Mapping[str, Any], source: Source, job_path: Path) -> JobConfig:
+    try:
+        return JobConfig.model_validate(raw)
+    except ValidationError as exc:
+        errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+        raise ConfigError(_describe(errors[0], source, job_path)) from None
+
+
+def _describe(error: Mapping[str, Any], source: Source, job_path: Path) -> str:
+    loc = [str(part) for part in error["loc"]]
+    message = str(error["msg"])
+    if message.startswith("Value error, @"):
+        key, _, message = message.removeprefix("Value error, @").partition(": ")
+    else:
+        key = ".".join(loc)
+    where = source.where(key) or str(job_path)
+    if error["type"] == "extra_forbidden":
+        hint = _suggest(loc[-1], _fields_at(JobConfig, loc[:-1]))
+        prefix = ".".join(loc[:-1])
+        hint = hint.replace("mean '", f"mean '{prefix}." if prefix else "mean '")
+        return f"{where}: unknown key {key!r}{hint}"
+    if error["type"] == "missing":
+        return f"{where}: missing required key {key!r}"
+    if where.startswith("--set"):
+        return f"{where}: {message}"
+    return f"{where}: {key}: {message}"
+
+
+def _fields_at(model: type[BaseModel], loc: list[str]) -> list[str]:
+    for part in loc:
+        field_info = model.model_fields.get(part)
+        annotation = getattr(field_info, "annotation", None)
+        candidates = [annotation, *getattr(annotation, "__args__", ())]
+        nested = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
+        if not nested:
+            return []
+        model = nested[0]
+    return list(model.model_fields)

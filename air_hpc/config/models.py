@@ -1,0 +1,289 @@
+"""Typed, frozen job configuration. Every field is documented; units are in the names.
+
+A job file composes a cluster, a hardware profile and a model preset by name
+(see ``air_hpc.config.load``); the result validates into :class:`JobConfig`.
+Cross-field rules live in ``JobConfig._check_cross_fields`` and raise with the
+key they concern, so the CLI can print one line before anything is submitted.
+"""
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from air_hpc.config.layout import ParallelLayout
+
+SignalName = Literal["USR1", "USR2", "TERM", "INT", "HUP", "URG"]
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, values are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
+
+
+class RunConfig(Section):
+    name: str = Field(min_length=1, description="Run name; the run directory is root/name.")
+    root: Path = Field(Path("runs"), description="Directory holding run directories (made absolute at load).")
+
+    @property
+    def dir(self) -> Path:
+        return self.root / self.name
+
+
+class ClusterConfig(Section):
+    name: str = Field(description="Cluster profile name (file name under configs/clusters/).")
+    partition: str | None = Field(None, description="Slurm partition (--partition).")
+    account: str | None = Field(None, description="Slurm account (--account).")
+    qos: str | None = Field(None, description="Slurm QoS (--qos).")
+    reservation: str | None = Field(None, description="Slurm reservation (--reservation).")
+    constraint: str | None = Field(None, description="Node feature constraint (--constraint).")
+    exclusive: bool = Field(True, description="Ask for whole nodes (--exclusive).")
+    topology_file: Path | None = Field(
+        None, description="topology.conf describing the fabric, for topology-aware selection."
+    )
+
+
+class HardwareConfig(Section):
+    name: str = Field(description="Hardware profile name (file name under configs/hardware/).")
+    device: Literal["cuda", "cpu"] = Field(description="Accelerator the ranks run on.")
+    gpus_per_node: int = Field(ge=0, description="GPUs per node (0 on CPU-only nodes).")
+    gpu_mem_gb: int = Field(0, ge=0, description="Memory per GPU, for the pre-flight check.")
+    cpus_per_node: int = Field(ge=1, description="CPU cores per node.")
+    nvlink_domain_nodes: int = Field(
+        1, ge=1, description="Nodes sharing one NVLink domain (1: NVLink inside a node only; 18 for GB200 NVL72)."
+    )
+    hcas: tuple[str, ...] = Field((), description="InfiniBand HCAs used for compute traffic (NCCL_IB_HCA).")
+    nccl_env: dict[str, str] = Field(
+        default_factory=dict, description="NCCL/IB environment defaults for this hardware."
+    )
+
+
+class ModelConfig(Section):
+    name: str = Field(description="Model preset name (file name under configs/models/).")
+    num_layers: int = Field(ge=1, description="Transformer layers.")
+    hidden_size: int = Field(ge=1, description="Model width.")
+    num_attention_heads: int = Field(ge=1, description="Attention heads.")
+    ffn_hidden_size: int | None = Field(None, ge=1, description="MLP width; 4*hidden_size when unset.")
+    vocab_size: int = Field(ge=1, description="Vocabulary size; must match the data's tokenizer.")
+    seq_len: int = Field(ge=1, description="Tokens per sample (also the max position embeddings).")
+
+
+class ResourcesConfig(Section):
+    nodes: int = Field(ge=1, description="Nodes to allocate (the single source of truth for the node count).")
+    tasks_per_node: int = Field(ge=1, description="Ranks per node (one per GPU on GPU nodes).")
+    cpus_per_task: int = Field(1, ge=1, description="CPU cores per rank (--cpus-per-task).")
+    mem_gb: int | None = Field(None, ge=1, description="Memory per node in GiB (--mem); unset: Slurm's default.")
+    time_limit_min: int = Field(60, ge=1, description="Wall-clock limit in minutes (--time).")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+
+class ParallelConfig(Section):
+    tp: int = Field(1, ge=1, description="Tensor-parallel size; TP groups stay inside a node.")
+    pp: int = Field(1, ge=1, description="Pipeline-parallel size.")
+    vpp: int | None = Field(None, ge=2, description="Virtual pipeline stages per rank (interleaved schedule).")
+    sequence_parallel: bool = Field(False, description="Megatron sequence parallelism (GPU only).")
+    distributed_optimizer: bool = Field(False, description="Shard optimizer state across DP (GPU only).")
+
+
+class TrainConfig(Section):
+    steps: int = Field(ge=1, description="Optimizer steps to train in total (across restarts).")
+    seed: int = Field(1234, ge=0, description="Seed for weights, data order and dropout.")
+    micro_batch_size: int = Field(1, ge=1, description="Samples per micro-batch per DP rank.")
+    global_batch_size: int = Field(ge=1, description="Samples per optimizer step across all DP ranks.")
+    lr: float = Field(3e-4, gt=0, description="Peak learning rate.")
+    min_lr: float = Field(3e-5, ge=0, description="Learning rate at the end of cosine decay.")
+    lr_warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay.")
+    clip_grad: float = Field(1.0, ge=0, description="Global gradient-norm clip (0 disables).")
+    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 on GPU, fp32 on CPU.")
+    dist_timeout_s: int = Field(600, ge=10, description="Timeout of collective operations.")
+    log_interval: int = Field(1, ge=1, description="Steps between log lines (metrics.jsonl gets every step).")
+
+
+class DataConfig(Section):
+    path: Path = Field(description="HDF5 token file made by `air-hpc data prepare` (made absolute at load).")
+
+
+class CheckpointConfig(Section):
+    interval_steps: int = Field(ge=1, description="Steps between periodic checkpoints.")
+    keep_last: int = Field(3, ge=1, description="Keep the newest K complete checkpoints.")
+    keep_every: int = Field(0, ge=0, description="Also keep every M-th step's checkpoint (0: none).")
+    async_save: bool = Field(True, description="Write periodic checkpoints in the background.")
+
+
+class ResilienceConfig(Section):
+    signal: SignalName = Field(
+        "USR2", description="Signal Slurm sends before the time limit; USR1 can be swallowed by NCCL."
+    )
+    signal_lead_s: int = Field(120, ge=1, description="Seconds before the time limit the signal arrives.")
+    max_restarts: int = Field(3, ge=0, description="Requeues allowed (compared with SLURM_RESTART_COUNT).")
+    time_margin_s: int = Field(
+        60, ge=0, description="Stop and checkpoint this long before the time limit, even without a signal."
+    )
+
+
+class HealthConfig(Section):
+    heartbeat_setup_s: int = Field(600, ge=1, description="Max seconds without progress during setup.")
+    heartbeat_step_s: int = Field(300, ge=1, description="Max seconds without progress inside a step.")
+    heartbeat_checkpoint_s: int = Field(900, ge=1, description="Max seconds without progress in a checkpoint.")
+    preflight: bool = Field(True, description="Run the pre-flight health check on each node before training.")
+    min_free_disk_gb: float = Field(1.0, ge=0, description="Free space required in the checkpoint directory.")
+
+
+class PlacementConfig(Section):
+    topology_aware: bool = Field(
+        True, description="Pick nodes from the cluster's topology_file; otherwise only the node count."
+    )
+    switches_wait_min: int = Field(
+        10, ge=0, description="How long Slurm may wait for the --switches count before relaxing it."
+    )
+
+
+class ContainerConfig(Section):
+    image: str = Field(description="pyxis --container-image.")
+    mounts: tuple[str, ...] = Field((), description="pyxis --container-mounts entries (src:dst[:flags]).")
+
+
+class JobConfig(Section):
+    run: RunConfig
+    cluster: ClusterConfig
+    hardware: HardwareConfig
+    model: ModelConfig
+    resources: ResourcesConfig
+    parallel: ParallelConfig = ParallelConfig()
+    train: TrainConfig
+    data: DataConfig
+    checkpoint: CheckpointConfig
+    resilience: ResilienceConfig = ResilienceConfig()
+    health: HealthConfig = HealthConfig()
+    placement: PlacementConfig = PlacementConfig()
+    container: ContainerConfig | None = None
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment; wins over profiles.")
+
+    @property
+    def layout(self) -> ParallelLayout:
+        p = self.parallel
+        return ParallelLayout.from_world(self.resources.world_size, p.tp, p.pp, p.vpp)
+
+    @property
+    def precision(self) -> Literal["fp32", "bf16"]:
+        if self.train.precision != "auto":
+            return self.train.precision
+        return "bf16" if self.hardware.device == "cuda" else "fp32"
+
+    @model_validator(mode="after")
+    def _check_cross_fields(self) -> "JobConfig":
+        for key, message in _cross_field_problems(self):
+            raise ValueError(f"@{key}: {message}")
+        return self
+
+
+def _cross_field_problems(job: JobConfig) -> list[tuple[str, str]]:
+    """Return (key, message) for every rule the combination of sections breaks."""
+    problems: list[tuple[str, str]] = []
+    p, m, r, t, hw = job.parallel, job.model, job.resources, job.train, job.hardware
+    world = r.world_size
+    if world % (p.tp * p.pp):
+        problems.append(
+            (
+                "parallel.tp",
+                f"world size {world} (resources.nodes {r.nodes} x tasks_per_node {r.tasks_per_node}) "
+                f"is not divisible by tp*pp = {p.tp}*{p.pp}",
+            )
+        )
+        return problems
+    dp = world // (p.tp * p.pp)
+    stages = p.pp * (p.vpp or 1)
+    if m.num_layers % stages:
+        what = f"pp*vpp = {p.pp}*{p.vpp}" if p.vpp else f"pp = {p.pp}"
+        problems.append(("model.num_layers", f"{m.num_layers} layers are not divisible by {what}"))
+    if p.vpp and p.pp < 2:
+        problems.append(("parallel.vpp", "virtual pipeline stages need pp >= 2"))
+    if m.num_attention_heads % p.tp:
+        problems.append(
+            (
+                "model.num_attention_heads",
+                f"{m.num_attention_heads} heads are not divisible by tp = {p.tp}",
+            )
+        )
+    if m.vocab_size % p.tp:
+        problems.append(("model.vocab_size", f"{m.vocab_size} is not divisible by tp = {p.tp}"))
+    if m.hidden_size % m.num_attention_heads:
+        problems.append(
+            (
+                "model.hidden_size",
+                f"{m.hidden_size} is not divisible by num_attention_heads = {m.num_attention_heads}",
+            )
+        )
+    if t.global_batch_size % (t.micro_batch_size * dp):
+        problems.append(
+            (
+                "train.global_batch_size",
+                f"{t.global_batch_size} is not divisible by micro_batch_size*dp = {t.micro_batch_size}*{dp}",
+            )
+        )
+    elif p.vpp and (t.global_batch_size // (t.micro_batch_size * dp)) % p.pp:
+        problems.append(
+            (
+                "train.global_batch_size",
+                f"the interleaved schedule needs the micro-batch count "
+                f"{t.global_batch_size // (t.micro_batch_size * dp)} to be a multiple of pp = {p.pp}",
+            )
+        )
+    if t.min_lr > t.lr:
+        problems.append(("train.min_lr", f"{t.min_lr} is above train.lr = {t.lr}"))
+    if t.lr_warmup_steps > t.steps:
+        problems.append(("train.lr_warmup_steps", f"{t.lr_warmup_steps} is more than train.steps = {t.steps}"))
+    if hw.device == "cpu":
+        if p.sequence_parallel:
+            problems.append(
+                (
+                    "parallel.sequence_parallel",
+                    "needs GPUs (Transformer Engine/Apex); set it false on CPU hardware",
+                )
+            )
+        if p.distributed_optimizer:
+            problems.append(
+                (
+                    "parallel.distributed_optimizer",
+                    "its checkpoints need CUDA; set it false on CPU hardware",
+                )
+            )
+        if job.precision == "bf16":
+            problems.append(("train.precision", "bf16 is for GPUs; use fp32 or auto on CPU hardware"))
+    else:
+        if r.tasks_per_node > hw.gpus_per_node:
+            problems.append(
+                (
+                    "resources.tasks_per_node",
+                    f"{r.tasks_per_node} ranks per node but hardware {hw.name} has {hw.gpus_per_node} GPUs",
+                )
+            )
+        domain_ranks = r.tasks_per_node * hw.nvlink_domain_nodes
+        if domain_ranks % p.tp and p.tp % domain_ranks:
+            problems.append(
+                (
+                    "parallel.tp",
+                    f"tp = {p.tp} does not tile the NVLink domain of {domain_ranks} ranks",
+                )
+            )
+    if p.tp > r.tasks_per_node * hw.nvlink_domain_nodes:
+        problems.append(
+            (
+                "parallel.tp",
+                f"tp = {p.tp} is larger than the {r.tasks_per_node * hw.nvlink_domain_nodes} ranks "
+                f"of one NVLink domain; TP groups must not cross it",
+            )
+        )
+    if job.resilience.signal_lead_s >= r.time_limit_min * 60:
+        problems.append(
+            (
+                "resilience.signal_lead_s",
+                f"{job.resilience.signal_lead_s} s is not shorter than the time limit ({r.time_limit_min} min)",
+            )
+        )
+    return problems

@@ -1,0 +1,49 @@
+"""One exception root; every error carries the exit code the CLI should use.
+
+Messages are written for the person at the terminal: what is wrong, where
+(file, line or key), and what is expected instead.
+"""
+
+from air_hpc.exitcodes import ExitCode
+
+
+class AirHpcError(Exception):
+    """Root of every error air-hpc raises on purpose."""
+
+    exit_code: int = ExitCode.FAILURE
+
+
+class UserError(AirHpcError):
+    """A mistake in what the user gave us: config, arguments, input files."""
+
+    exit_code = ExitCode.USAGE
+
+
+class ConfigError(UserError):
+    """An invalid or unknown configuration key or value."""
+
+
+class InputError(UserError):
+    """A malformed input file (topology dump, HDF5 data, hostlist, ...)."""
+
+
+class TopologyError(UserError):
+    """A fabric description that cannot be parsed or a selection that cannot be met."""
+
+
+class SlurmError(AirHpcError):
+    """A Slurm command failed; the message keeps its stderr."""
+
+
+class SlurmUnreachableError(SlurmError):
+    """The controller did not answer after bounded retries."""
+
+    exit_code = ExitCode.UNREACHABLE
+
+
+class TestbedError(AirHpcError):
+    """The embedded Slurm testbed could not be brought up or down."""
+
+
+class CheckpointError(AirHpcError):
+    """A checkpoint is missing, incomplete or corrupt."""

@@ -1,0 +1,31 @@
+"""The exit-code contract between the trainer, the batch script and the CLI.
+
+This is the one place these numbers live. The batch script template and the
+resilience code import them from here; nothing else may hard-code them.
+
+- ``OK``: the run finished; Slurm records COMPLETED.
+- ``FAILURE``: an unexpected error; never requeued automatically.
+- ``USAGE``: a user mistake (bad config, bad input file); printed as one line.
+- ``REQUEUE``: a checkpoint was saved because of a signal or the time limit;
+  the batch script requeues the job if the restart budget allows.
+- ``HUNG``: the watchdog saw a rank make no progress; requeue-worthy, and the
+  suspect node goes on the run's bad-node list.
+- ``UNHEALTHY``: the pre-flight health check failed on a node; requeue-worthy
+  with that node excluded.
+- ``UNREACHABLE``: the Slurm controller did not answer within the retries.
+"""
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    FAILURE = 1
+    USAGE = 2
+    UNREACHABLE = 3
+    REQUEUE = 85
+    HUNG = 86
+    UNHEALTHY = 87
+
+
+REQUEUE_WORTHY: frozenset[ExitCode] = frozenset({ExitCode.REQUEUE, ExitCode.HUNG, ExitCode.UNHEALTHY})

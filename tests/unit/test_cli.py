@@ -1,0 +1,74 @@
+"""CLI exit codes and the error boundary, through click's runner and a real subprocess."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from air_hpc.cli.main import main
+
+REPO = Path(__file__).resolve().parents[2]
+TESTBED_JOB = str(REPO / "configs" / "jobs" / "gpt-tiny-testbed.yaml")
+
+
+def run_main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as info:
+        main(args)
+        raise SystemExit(0)
+    out, err = capsys.readouterr()
+    return int(info.value.code or 0), out, err
+
+
+def test_config_show_json_with_override(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_main(["config", "show", TESTBED_JOB, "--set", "train.steps=7", "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert data["train"]["steps"] == 7
+    assert data["derived"]["layout"] == {"tp": 2, "pp": 2, "dp": 1, "vpp": None}
+
+
+def test_misspelt_key_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(Path(TESTBED_JOB).read_text().replace("  steps:", "  stpes:"))
+    code, out, err = run_main(["config", "show", str(bad)], capsys)
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1
+    assert "train.stpes" in err and "did you mean 'train.steps'" in err
+
+
+def test_unknown_command_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_main(["confg"], capsys)
+    assert code == 2
+    assert "No such command" in err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_main(["--version"], capsys)
+    assert code == 0 and "air-hpc" in out
+
+
+def test_help_does_not_import_torch_or_megatron() -> None:
+    probe = (
+        "import sys; from air_hpc.cli.main import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron')]\n"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_registered_command_imports_without_torch() -> None:
+    probe = (
+        "import sys; from air_hpc.cli.main import COMMANDS, cli\n"
+        "import click\n"
+        "ctx = click.Context(cli)\n"
+        "for name in COMMANDS:\n    cli.get_command(ctx, name)\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron')]\n"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr

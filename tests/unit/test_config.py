@@ -1,0 +1,185 @@
+"""Config loading, composition, overrides and every cross-field rule."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from air_hpc.config import load_job
+from air_hpc.config.load import parse_override
+from air_hpc.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+JOBS = sorted((REPO / "configs" / "jobs").glob("*.yaml"))
+TESTBED_JOB = REPO / "configs" / "jobs" / "gpt-tiny-testbed.yaml"
+
+
+def write_job(tmp_path: Path, mutate) -> Path:
+    data = yaml.safe_load(TESTBED_JOB.read_text())
+    mutate(data)
+    jobs = tmp_path / "configs" / "jobs"
+    jobs.mkdir(parents=True)
+    path = jobs / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("job_file", JOBS, ids=lambda p: p.stem)
+def test_every_example_job_validates(job_file: Path) -> None:
+    job = load_job(job_file)
+    assert job.run.dir.is_absolute()
+    assert job.layout.world_size == job.resources.world_size
+
+
+def test_profiles_are_composed_by_name() -> None:
+    job = load_job(TESTBED_JOB)
+    assert job.hardware.name == "cpu-testbed" and job.hardware.device == "cpu"
+    assert job.model.name == "gpt-tiny" and job.model.num_layers == 4
+    assert job.cluster.partition == "debug"
+    assert (job.layout.tp, job.layout.pp, job.layout.dp) == (2, 2, 1)
+    assert job.precision == "fp32"
+
+
+def test_overrides_are_typed_and_win() -> None:
+    job = load_job(
+        TESTBED_JOB, ["train.steps=7", "model.num_layers=8", "train.lr=0.5", "env.FOO=bar baz", "run.name=123"]
+    )
+    assert job.train.steps == 7
+    assert job.model.num_layers == 8
+    assert job.train.lr == 0.5
+    assert job.env["FOO"] == "bar baz"
+    assert job.run.name == "123"
+
+
+def test_override_can_swap_a_profile() -> None:
+    job = load_job(TESTBED_JOB, ["model=gpt-125m", "model.num_layers=4", "model.vocab_size=512"])
+    assert job.model.name == "gpt-125m"
+    assert job.model.hidden_size == 768 and job.model.num_layers == 4
+
+
+def test_hostile_run_name_is_kept_verbatim() -> None:
+    name = 'x"; touch pwned; echo "'
+    assert load_job(TESTBED_JOB, [f"run.name={name}"]).run.name == name
+
+
+def test_config_is_frozen() -> None:
+    job = load_job(TESTBED_JOB)
+    with pytest.raises(ValidationError):
+        job.train.steps = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("bad", ["train.steps", "=3", "a..b=1", ".a=1"])
+def test_malformed_override(bad: str) -> None:
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        parse_override(bad)
+
+
+def test_unknown_key_names_file_line_and_suggestion(tmp_path: Path) -> None:
+    path = write_job(tmp_path, lambda d: d["train"].update(stpes=d["train"].pop("steps")))
+    with pytest.raises(ConfigError) as info:
+        load_job(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}:")
+    assert "unknown key 'train.stpes'" in message
+    assert "did you mean 'train.steps'?" in message
+    assert "\n" not in message
+
+
+def test_unknown_top_level_key_suggests(tmp_path: Path) -> None:
+    path = write_job(tmp_path, lambda d: d.update(paralel={"tp": 2}))
+    with pytest.raises(ConfigError, match="did you mean 'parallel'"):
+        load_job(path)
+
+
+def test_unknown_override_key_suggests() -> None:
+    with pytest.raises(ConfigError, match=r"--set train.step: unknown key .*did you mean 'train.steps'"):
+        load_job(TESTBED_JOB, ["train.step=3"])
+
+
+def test_missing_profile_suggests() -> None:
+    with pytest.raises(ConfigError, match=r"model profile 'gpt-tinny' not found.*did you mean 'gpt-tiny'"):
+        load_job(TESTBED_JOB, ["model=gpt-tinny"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "fragment"),
+    [
+        (["parallel.tp=3"], "parallel.tp", "not divisible by tp*pp"),
+        (["model.num_layers=5"], "model.num_layers", "not divisible by pp = 2"),
+        (["model.num_layers=6", "parallel.vpp=2"], "model.num_layers", "pp*vpp"),
+        (["parallel.pp=1", "parallel.tp=1", "parallel.vpp=2"], "parallel.vpp", "need pp >= 2"),
+        (
+            ["model.num_attention_heads=3", "model.hidden_size=63"],
+            "model.num_attention_heads",
+            "not divisible by tp = 2",
+        ),
+        (["model.vocab_size=511"], "model.vocab_size", "not divisible by tp = 2"),
+        (["model.hidden_size=66"], "model.hidden_size", "not divisible by num_attention_heads"),
+        (["train.global_batch_size=7"], "train.global_batch_size", "micro_batch_size*dp"),
+        (
+            ["parallel.vpp=2", "train.global_batch_size=6", "train.micro_batch_size=2"],
+            "train.global_batch_size",
+            "multiple of pp",
+        ),
+        (["train.min_lr=1.0"], "train.min_lr", "above train.lr"),
+        (["train.lr_warmup_steps=100"], "train.lr_warmup_steps", "more than train.steps"),
+        (["parallel.sequence_parallel=true"], "parallel.sequence_parallel", "needs GPUs"),
+        (["parallel.distributed_optimizer=true"], "parallel.distributed_optimizer", "need CUDA"),
+        (["train.precision=bf16"], "train.precision", "bf16 is for GPUs"),
+        (
+            ["parallel.tp=4", "parallel.pp=1", "model.num_layers=4"],
+            "parallel.tp",
+            "larger than the 2 ranks of one NVLink domain",
+        ),
+        (["resilience.signal_lead_s=1800"], "resilience.signal_lead_s", "not shorter than the time limit"),
+        (
+            ["hardware=h100-sxm", "resources.tasks_per_node=16", "train.global_batch_size=64"],
+            "resources.tasks_per_node",
+            "has 8 GPUs",
+        ),
+    ],
+)
+def test_cross_field_errors_name_the_key(overrides: list[str], key: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_job(TESTBED_JOB, overrides)
+    message = str(info.value)
+    assert fragment in message
+    assert key in message
+    assert "\n" not in message
+
+
+def test_gpu_profile_accepts_full_node_tp() -> None:
+    job = load_job(
+        TESTBED_JOB,
+        [
+            "hardware=h100-sxm",
+            "resources.tasks_per_node=8",
+            "parallel.tp=8",
+            "parallel.pp=2",
+            "model.num_attention_heads=8",
+            "model.vocab_size=512",
+        ],
+    )
+    assert job.precision == "bf16"
+    assert job.layout.dp == 1
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        ("", "file is empty"),
+        ("- a\n- b\n", "expected a mapping"),
+        ("run: {name: [\n", "invalid YAML"),
+    ],
+)
+def test_bad_yaml_files(tmp_path: Path, content: str, fragment: str) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=fragment):
+        load_job(path)
+
+
+def test_missing_file() -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        load_job("does/not/exist.yaml")
