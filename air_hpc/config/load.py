@@ -5,6 +5,7 @@ for unknown keys the closest valid one.
 """
 
 import difflib
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -204,3 +205,14 @@ def _fields_at(model: type[BaseModel], loc: list[str]) -> list[str]:
             return []
         model = nested[0]
     return list(model.model_fields)
+
+
+def validate_json(path: Path) -> JobConfig:
+    """Load a resolved config written by :meth:`RunDir.write_job` (already composed and absolute)."""
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file; is this a run directory made by `air-hpc submit`?") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: cannot read resolved config: {exc}") from None
+    return validate(raw, Source(), path)

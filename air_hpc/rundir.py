@@ -1,0 +1,77 @@
+"""The run directory: one place that names every file a run writes.
+
+Everything that reads or writes a run's files (submit, the trainer, resilience,
+status/logs/report) goes through :class:`RunDir`, so the layout lives here only::
+
+    <run.root>/<run.name>/
+      job.json           resolved JobConfig (written by submit; read by the job)
+      job.sbatch         rendered batch script
+      submissions.jsonl  one line per submission/requeue: job id, time, executor
+      metrics.jsonl      one JSON object per training step (written by the last PP stage, DP rank 0)
+      events.jsonl       signal / checkpoint / requeue / resume / hang / health events
+      bad_nodes.txt      nodes found hung or unhealthy, one per line
+      logs/              per-rank logs (rank-<R>.log) and the batch script's output
+      heartbeat/         per-rank heartbeat files
+      checkpoints/       step_0000123/ directories and the `latest` pointer
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from air_hpc.config.load import validate_json
+from air_hpc.config.models import JobConfig
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    @classmethod
+    def of(cls, job: JobConfig) -> "RunDir":
+        return cls(job.run.dir)
+
+    @property
+    def job_json(self) -> Path:
+        return self.path / "job.json"
+
+    @property
+    def sbatch(self) -> Path:
+        return self.path / "job.sbatch"
+
+    @property
+    def submissions(self) -> Path:
+        return self.path / "submissions.jsonl"
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def events(self) -> Path:
+        return self.path / "events.jsonl"
+
+    @property
+    def bad_nodes(self) -> Path:
+        return self.path / "bad_nodes.txt"
+
+    @property
+    def logs(self) -> Path:
+        return self.path / "logs"
+
+    @property
+    def heartbeat(self) -> Path:
+        return self.path / "heartbeat"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    def rank_log(self, rank: int) -> Path:
+        return self.logs / f"rank-{rank}.log"
+
+    def write_job(self, job: JobConfig) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.job_json.write_text(job.model_dump_json(indent=2) + "\n")
+
+    def read_job(self) -> JobConfig:
+        return validate_json(self.job_json)
