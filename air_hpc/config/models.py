@@ -42,6 +42,10 @@ class ClusterConfig(Section):
     topology_file: Path | None = Field(
         None, description="topology.conf describing the fabric, for topology-aware selection."
     )
+    python: str | None = Field(
+        None,
+        description="Python interpreter on the compute nodes; unset: the one running air-hpc (shared filesystem).",
+    )
 
 
 class HardwareConfig(Section):
@@ -67,6 +71,8 @@ class ModelConfig(Section):
     ffn_hidden_size: int | None = Field(None, ge=1, description="MLP width; 4*hidden_size when unset.")
     vocab_size: int = Field(ge=1, description="Vocabulary size; must match the data's tokenizer.")
     seq_len: int = Field(ge=1, description="Tokens per sample (also the max position embeddings).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Hidden and attention dropout probability.")
+    init_std: float = Field(0.02, gt=0, description="Standard deviation of the initial weights.")
 
 
 class ResourcesConfig(Section):
@@ -98,6 +104,9 @@ class TrainConfig(Section):
     min_lr: float = Field(3e-5, ge=0, description="Learning rate at the end of cosine decay.")
     lr_warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay.")
+    adam_beta1: float = Field(0.9, gt=0, lt=1, description="Adam beta1.")
+    adam_beta2: float = Field(0.95, gt=0, lt=1, description="Adam beta2.")
+    adam_eps: float = Field(1e-8, gt=0, description="Adam epsilon.")
     clip_grad: float = Field(1.0, ge=0, description="Global gradient-norm clip (0 disables).")
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 on GPU, fp32 on CPU.")
     dist_timeout_s: int = Field(600, ge=10, description="Timeout of collective operations.")
@@ -113,6 +122,10 @@ class CheckpointConfig(Section):
     keep_last: int = Field(3, ge=1, description="Keep the newest K complete checkpoints.")
     keep_every: int = Field(0, ge=0, description="Also keep every M-th step's checkpoint (0: none).")
     async_save: bool = Field(True, description="Write periodic checkpoints in the background.")
+    verify: Literal["size", "sha256"] = Field(
+        "sha256",
+        description="Check before resuming from a checkpoint: sha256 of every file (re-reads it once) or sizes only.",
+    )
 
 
 class ResilienceConfig(Section):
@@ -141,11 +154,17 @@ class PlacementConfig(Section):
     switches_wait_min: int = Field(
         10, ge=0, description="How long Slurm may wait for the --switches count before relaxing it."
     )
+    pin_nodes: bool = Field(
+        True,
+        description="Pin the selected nodes with --nodelist and order ranks on them; "
+        "false: ask only for --switches=K@switches_wait_min and let Slurm pick.",
+    )
 
 
 class ContainerConfig(Section):
     image: str = Field(description="pyxis --container-image.")
     mounts: tuple[str, ...] = Field((), description="pyxis --container-mounts entries (src:dst[:flags]).")
+    python: str = Field("python", description="Python interpreter inside the container.")
 
 
 class JobConfig(Section):

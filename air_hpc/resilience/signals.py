@@ -1,0 +1,176 @@
+"""Stopping cleanly: signal handlers that only set a flag, agreement across ranks, the deadline.
+
+Saving inside a signal handler hangs or corrupts checkpoints (the handler can
+run in the middle of a collective or a write). The handler here records the
+signal and returns; the training loop checks the flag at a step boundary,
+all ranks agree with one tiny all-reduce (a rank that got no signal still
+stops with the others), and only then do they save together.
+"""
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from air_hpc.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def signal_number(name: str) -> signal.Signals:
+    """``"USR2"``, ``"SIGUSR2"`` or ``"12"`` -> ``signal.SIGUSR2``."""
+    text = name.strip().upper()
+    if text.isdigit():
+        try:
+            return signal.Signals(int(text))
+        except ValueError:
+            pass
+    else:
+        full = text if text.startswith("SIG") else f"SIG{text}"
+        if full in signal.Signals.__members__:
+            return signal.Signals[full]
+    raise ConfigError(f"resilience.signal: {name!r} is not a signal name (expected e.g. USR2 or TERM)")
+
+
+class StopRequest:
+    """A flag set by signal handlers; read at step boundaries, never acted on inside the handler."""
+
+    def __init__(self) -> None:
+        self._signum: int | None = None
+        self._received_at_s: float | None = None
+        self._previous: dict[signal.Signals, Any] = {}
+
+    @classmethod
+    def install(cls, signal_names: Sequence[str]) -> "StopRequest":
+        """Handle each named signal (main thread only), remembering the handlers it replaces."""
+        request = cls()
+        for name in dict.fromkeys(signal_number(n) for n in signal_names):
+            request._previous[name] = signal.signal(name, request._handle)
+        log.info("stop request armed for %s", ", ".join(s.name for s in request._previous))
+        return request
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._signum is None:
+            self._signum = signum
+            self._received_at_s = time.time()
+
+    @property
+    def requested(self) -> bool:
+        return self._signum is not None
+
+    @property
+    def signal_name(self) -> str | None:
+        """Name of the first signal received (``"SIGUSR2"``), or None."""
+        return None if self._signum is None else signal.Signals(self._signum).name
+
+    @property
+    def received_at_s(self) -> float | None:
+        """Wall-clock time of the first signal, for "seconds from signal to save" metrics."""
+        return self._received_at_s
+
+    def uninstall(self) -> None:
+        """Put back the handlers that were there before :meth:`install`."""
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
+
+
+def agree(flag: bool, group: Any = None) -> bool:
+    """True on every rank if ``flag`` is true on any rank: one MAX all-reduce of one int.
+
+    Without an initialised process group (a single process) the flag is returned as is.
+    On NCCL the tensor lives on the current GPU, on gloo on the CPU.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    if dist.get_backend(group) == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+    return bool(value.item())
+
+
+#: Environment variables that may carry the job's start time (epoch seconds), in order of trust.
+#: ``SLURM_JOB_START_TIME`` exists from Slurm 23.02; ``AIR_HPC_JOB_START_S`` is exported by our
+#: batch script (``date +%s`` at its top) so that older Slurm versions work too.
+START_TIME_VARS = ("SLURM_JOB_START_TIME", "AIR_HPC_JOB_START_S")
+END_TIME_VAR = "SLURM_JOB_END_TIME"
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When to stop and checkpoint even without a signal: the time limit minus a margin.
+
+    Computed once at start from the job's start time and the configured limit, not by asking
+    the controller (``squeue -o %e``) from inside the job: controller calls from every rank of
+    a large job are exactly the load Slurm admins ask us to avoid.
+    """
+
+    stop_at_s: float | None
+    source: str
+
+    def remaining_s(self, now_s: float | None = None) -> float | None:
+        if self.stop_at_s is None:
+            return None
+        return self.stop_at_s - (time.time() if now_s is None else now_s)
+
+    def reached(self, now_s: float | None = None) -> bool:
+        remaining = self.remaining_s(now_s)
+        return remaining is not None and remaining <= 0
+
+    @classmethod
+    def none(cls) -> "Deadline":
+        return cls(None, "none")
+
+    @classmethod
+    def from_env(
+        cls,
+        time_limit_min: int,
+        margin_s: float,
+        env: Mapping[str, str] | None = None,
+        explicit_stop_at_s: float | None = None,
+        now_s: float | None = None,
+    ) -> "Deadline":
+        """The first that is known: an explicit stop time, the job's end time, its start time + limit.
+
+        Falls back to ``now_s`` + limit (a late estimate: the job started before this process) and
+        says so in the log.
+        """
+        env = os.environ if env is None else env
+        if explicit_stop_at_s is not None:
+            return cls(explicit_stop_at_s, "explicit")
+        end = _epoch(env, END_TIME_VAR)
+        if end is not None:
+            return cls(end - margin_s, END_TIME_VAR)
+        limit_s = time_limit_min * 60.0
+        for var in START_TIME_VARS:
+            start = _epoch(env, var)
+            if start is not None:
+                return cls(start + limit_s - margin_s, var)
+        now = time.time() if now_s is None else now_s
+        log.warning(
+            "job start time unknown (none of %s set): the deadline counts from this process's start",
+            ", ".join((END_TIME_VAR, *START_TIME_VARS)),
+        )
+        return cls(now + limit_s - margin_s, "process start")
+
+
+def _epoch(env: Mapping[str, str], var: str) -> float | None:
+    text = env.get(var, "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        log.warning("ignoring %s=%r: not epoch seconds", var, text)
+        return None
+    return value if value > 0 else None

@@ -1,0 +1,85 @@
+"""``air-hpc ckpt list|verify|prune`` through the CLI's error boundary."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from air_hpc.cli.main import main
+from air_hpc.resilience.store import CheckpointStore
+from tests.unit.test_resilience_store import flip_byte, save
+
+
+def run_main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as info:
+        main(args)
+        raise SystemExit(0)
+    out, err = capsys.readouterr()
+    return int(info.value.code or 0), out, err
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    store = CheckpointStore(tmp_path / "run" / "checkpoints", keep_last=5)
+    for step in (10, 20, 30):
+        save(store, step)
+    store.begin(40)
+    (store.staging_dir(40) / "__0_0.distcp").write_bytes(b"partial")
+    return tmp_path / "run"
+
+
+def test_list_json(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_main(["ckpt", "list", str(run), "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert data["latest"] == 30
+    rows = [(c["step"], c["complete"], c["verified"]) for c in data["checkpoints"]]
+    assert rows == [(10, True, True), (20, True, True), (30, True, True), (40, False, False)]
+    assert data["checkpoints"][0]["bytes"] > 3000
+
+
+def test_list_table_shows_latest_and_corruption(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    flip_byte(run / "checkpoints" / "step_0000020" / "__0_0.distcp")
+    code, out, _ = run_main(["ckpt", "list", str(run), "--sha256"], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["step", "size", "complete", "verified", "note"]
+    assert "sha256" in lines[1] and "corrupt" in lines[2] and lines[3].endswith("latest")
+    assert "save did not finish" in lines[4]
+
+
+def test_verify_ok_and_corrupt(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_main(["ckpt", "verify", str(run), "30"], capsys)
+    assert code == 0 and "step 30: ok (3 files" in out
+    flip_byte(run / "checkpoints" / "step_0000020" / "common.pt", offset=3)
+    code, out, err = run_main(["ckpt", "verify", str(run)], capsys)
+    assert code == 1
+    assert "step 10: ok" in out and "step 20: CORRUPT" in out
+    assert err.count("\n") == 1 and "step_0000020/common.pt: sha256" in err
+
+
+def test_prune(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_main(["ckpt", "prune", str(run), "--keep", "1", "--every", "20", "--partial"], capsys)
+    assert code == 0 and "removed 1 checkpoint(s): 10" in out and "unfinished .tmp-step_0000040" in out
+    assert CheckpointStore(run / "checkpoints", keep_last=1).committed_steps() == [20, 30]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["ckpt", "list", "/nonexistent/run"], "no such run directory"),
+        (["ckpt", "verify", "{run}", "99"], "step_0000099: no such checkpoint"),
+        (["ckpt", "prune", "{run}", "--keep", "0"], "--keep"),
+        (["ckpt", "prune", "{run}"], "Missing option '--keep'"),
+    ],
+)
+def test_bad_input(run: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+    code, _, err = run_main([a.format(run=run) for a in args], capsys)
+    assert code in (1, 2) and message in err
+    assert code == (1 if "no such checkpoint" in message else 2)
+
+
+def test_verify_empty_run_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "empty").mkdir()
+    code, _, err = run_main(["ckpt", "verify", str(tmp_path / "empty")], capsys)
+    assert code == 1 and "no committed checkpoints" in err

@@ -1,0 +1,88 @@
+"""Stop flags set by real signals, the deadline arithmetic, and the events log."""
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from air_hpc.errors import ConfigError
+from air_hpc.resilience.events import EventLog, read_events
+from air_hpc.resilience.signals import Deadline, StopRequest, agree, signal_number
+
+
+@pytest.mark.parametrize(("name", "expected"), [("USR2", signal.SIGUSR2), ("sigterm", signal.SIGTERM), ("10", 10)])
+def test_signal_names(name: str, expected: int) -> None:
+    assert signal_number(name) == expected
+
+
+@pytest.mark.parametrize("name", ["USR3", "", "999", "SIGNOPE"])
+def test_bad_signal_names(name: str) -> None:
+    with pytest.raises(ConfigError, match=r"resilience\.signal"):
+        signal_number(name)
+
+
+def test_handler_only_sets_the_flag_and_restores_previous() -> None:
+    previous = signal.getsignal(signal.SIGUSR2)
+    stop = StopRequest.install(["USR2", "TERM", "SIGUSR2"])
+    try:
+        assert not stop.requested and stop.signal_name is None
+        os.kill(os.getpid(), signal.SIGUSR2)
+        os.kill(os.getpid(), signal.SIGTERM)  # would end the process with the default handler
+        assert stop.requested
+        assert stop.signal_name == "SIGUSR2"  # the first one wins
+        assert stop.received_at_s is not None
+    finally:
+        stop.uninstall()
+    assert signal.getsignal(signal.SIGUSR2) == previous
+
+
+def test_agree_without_process_group_returns_the_flag() -> None:
+    assert agree(True) is True and agree(False) is False
+
+
+def test_deadline_sources_in_order() -> None:
+    env = {"SLURM_JOB_START_TIME": "1000", "AIR_HPC_JOB_START_S": "2000"}
+    d = Deadline.from_env(time_limit_min=10, margin_s=60, env=env)
+    assert (d.stop_at_s, d.source) == (1000 + 600 - 60, "SLURM_JOB_START_TIME")
+    d = Deadline.from_env(time_limit_min=10, margin_s=60, env={"AIR_HPC_JOB_START_S": "2000"})
+    assert d.stop_at_s == 2540
+    d = Deadline.from_env(time_limit_min=10, margin_s=60, env={**env, "SLURM_JOB_END_TIME": "5000"})
+    assert (d.stop_at_s, d.source) == (4940, "SLURM_JOB_END_TIME")
+    d = Deadline.from_env(time_limit_min=10, margin_s=60, env=env, explicit_stop_at_s=42.0)
+    assert (d.stop_at_s, d.source) == (42.0, "explicit")
+
+
+def test_deadline_without_start_time_counts_from_now_and_warns(caplog: pytest.LogCaptureFixture) -> None:
+    d = Deadline.from_env(time_limit_min=1, margin_s=10, env={"SLURM_JOB_START_TIME": "soon"}, now_s=100.0)
+    assert (d.stop_at_s, d.source) == (150.0, "process start")
+    assert "not epoch seconds" in caplog.text and "start time unknown" in caplog.text
+
+
+def test_deadline_reached() -> None:
+    d = Deadline(stop_at_s=100.0, source="explicit")
+    assert not d.reached(now_s=99.0) and d.reached(now_s=100.0)
+    assert d.remaining_s(now_s=40.0) == 60.0
+    assert not Deadline.none().reached() and Deadline.none().remaining_s() is None
+
+
+def test_events_are_appended_as_json_lines(tmp_path: Path) -> None:
+    log = EventLog(tmp_path / "run" / "events.jsonl")
+    log.emit("signal", signal="SIGUSR2", step=7)
+    log.emit("checkpoint_saved", step=7, bytes=123, seconds=0.5, path=tmp_path)
+    lines = (tmp_path / "run" / "events.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])
+    assert first["kind"] == "signal" and first["step"] == 7 and isinstance(first["time"], float)
+    assert json.loads(lines[1])["path"] == str(tmp_path)
+    assert [e["kind"] for e in read_events(log.path)] == ["signal", "checkpoint_saved"]
+
+
+def test_torn_last_line_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    log = EventLog(tmp_path / "events.jsonl")
+    log.emit("resume", step=3)
+    with open(log.path, "a") as stream:
+        stream.write('{"time": 1, "kind": "sto')
+    assert [e["kind"] for e in read_events(log.path)] == ["resume"]
+    assert "torn" in caplog.text
+    assert read_events(tmp_path / "missing.jsonl") == []
