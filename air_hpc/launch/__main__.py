@@ -1,0 +1,31 @@
+"""``python -m air_hpc.launch RUN_DIR``: what the rendered batch script runs under ``srun`` on every rank.
+
+The process exit code is the contract with the batch script (see
+:mod:`air_hpc.exitcodes`): 85 asks it to requeue, 2 is a user error printed as one line.
+"""
+
+import logging
+import sys
+from pathlib import Path
+
+from air_hpc.errors import AirHpcError
+from air_hpc.exitcodes import ExitCode
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m air_hpc.launch RUN_DIR", file=sys.stderr)
+        return ExitCode.USAGE
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from air_hpc.launch.entry import TrainingEntry
+
+    try:
+        summary = TrainingEntry(Path(argv[0]))()
+    except AirHpcError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return int(exc.exit_code)
+    return int(summary.exit_code)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

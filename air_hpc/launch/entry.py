@@ -1,0 +1,125 @@
+"""The job's entry point on every rank: the same object under sbatch+srun, submitit Slurm and local.
+
+:class:`TrainingEntry` is a submitit ``Checkpointable``: it pickles as just the
+run directory, so a requeued job re-reads ``job.json`` and resumes from the
+latest complete checkpoint (resume is the normal start).
+"""
+
+import contextlib
+import logging
+import os
+import random
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import hostlist
+import submitit
+
+from air_hpc.errors import ConfigError
+from air_hpc.rundir import RunDir
+from air_hpc.train.parallel import DistEnv, apply_rank_order
+
+log = logging.getLogger(__name__)
+
+#: Optional file listing one host per rank, in the placement's order (a Slurm hostfile).
+RANK_ORDER_ENV = "SLURM_HOSTFILE"
+
+
+def master_port_for(job_id: str) -> int:
+    """A port derived from the job id: stable across requeues, spread across jobs (as submitit does)."""
+    return random.Random(job_id).randint(20000, 60000)
+
+
+def dist_env_from_slurm(environ: Mapping[str, str]) -> DistEnv:
+    """Rank, world and rendezvous of an ``srun`` task, from its ``SLURM_*`` (and ``MASTER_*``) variables."""
+    try:
+        rank = int(environ["SLURM_PROCID"])
+        world = int(environ["SLURM_NTASKS"])
+        local_rank = int(environ["SLURM_LOCALID"])
+        job_id = environ["SLURM_JOB_ID"]
+    except KeyError as exc:
+        raise ConfigError(f"launch: {exc.args[0]} is not set; run this under srun inside a Slurm job") from None
+    except ValueError as exc:
+        raise ConfigError(f"launch: malformed SLURM_* variable: {exc}") from None
+    nodes = hostlist.expand_hostlist(environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST", ""))
+    master = environ.get("MASTER_ADDR") or (nodes[0] if nodes else "")
+    if not master:
+        raise ConfigError("launch: neither MASTER_ADDR nor SLURM_JOB_NODELIST is set")
+    port = int(environ["MASTER_PORT"]) if environ.get("MASTER_PORT") else master_port_for(job_id)
+    hostname = environ.get("SLURMD_NODENAME") or socket.gethostname()
+    return DistEnv(rank, world, local_rank, master, port, hostname)
+
+
+def dist_env_from_submitit() -> DistEnv:
+    dist = submitit.helpers.TorchDistributedEnvironment()
+    hostname = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    return DistEnv(dist.rank, dist.world_size, dist.local_rank, dist.master_addr, dist.master_port, hostname)
+
+
+def current_dist_env(environ: Mapping[str, str]) -> DistEnv:
+    """Under submitit ask submitit; under a bare ``srun`` read Slurm's variables; then apply the rank order."""
+    env = dist_env_from_submitit() if environ.get("SUBMITIT_EXECUTOR") else dist_env_from_slurm(environ)
+    hostfile = environ.get(RANK_ORDER_ENV)
+    if not hostfile:
+        return env
+    try:
+        hosts = [line.strip() for line in Path(hostfile).read_text().splitlines() if line.strip()]
+    except OSError as exc:
+        raise ConfigError(f"{RANK_ORDER_ENV}={hostfile}: cannot read the rank order: {exc}") from None
+    return apply_rank_order(env, hosts)
+
+
+class TrainingEntry(submitit.helpers.Checkpointable):
+    """Train the run in ``run_dir`` on this rank; returns the run summary, raises AirHpcError on failure."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+
+    def __call__(self) -> Any:
+        from air_hpc.train import metrics, parallel, trainer
+
+        run_dir = RunDir(self.run_dir)
+        job = run_dir.read_job()
+        for key, value in job.env.items():
+            os.environ.setdefault(key, value)
+        env = current_dist_env(os.environ)
+        handler = metrics.setup_rank_logging(run_dir.rank_log(env.rank), env.rank)
+        try:
+            log.info("rank %d of %d on %s (local rank %d)", env.rank, env.world_size, env.hostname, env.local_rank)
+            trainer.validate(job)
+            on_cpu = job.hardware.device == "cpu"
+            _apply_thread_limit(os.environ)
+            with contextlib.ExitStack() as stack:
+                if on_cpu:
+                    from air_hpc.train import cpu_compat
+
+                    cpu_compat.start_checkpoint_queue()
+                    stack.enter_context(cpu_compat.patched())
+                else:
+                    import torch
+
+                    torch.cuda.set_device(env.local_rank)
+                backend: parallel.Backend = "gloo" if on_cpu else "nccl"
+                ctx = stack.enter_context(parallel.distributed(env, job.layout, backend, job.train.dist_timeout_s))
+                return trainer.train(job, run_dir, ctx)
+        except Exception:
+            log.exception("rank %d failed", env.rank)
+            raise
+        finally:
+            logging.getLogger().removeHandler(handler)
+            handler.close()
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
+        """Requeue as a fresh entry on the same run directory; the trainer resumes from its checkpoints."""
+        return submitit.helpers.DelayedSubmission(TrainingEntry(self.run_dir))
+
+
+def _apply_thread_limit(environ: Mapping[str, str]) -> None:
+    """Honour OMP_NUM_THREADS even when torch was imported before the job's environment was applied."""
+    threads = environ.get("OMP_NUM_THREADS")
+    if threads and threads.isdigit():
+        import torch
+
+        torch.set_num_threads(int(threads))

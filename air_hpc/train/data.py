@@ -1,0 +1,325 @@
+"""HDF5 token data: build it from text (``prepare``), describe it (``inspect``), read samples.
+
+File format (``format`` attribute 1)::
+
+    /tokens       1-D unsigned ints, every document's tokens back to back, each followed by EOD
+    /doc_offsets  1-D uint64, start of each document in /tokens, plus the total at the end
+    attrs: format, tokenizer, vocab_size, eod_id
+
+``prepare`` streams: it tokenizes each input in blocks into a chunked, resizable
+scratch file (memory stays constant in the input size), then copies the tokens
+into a contiguous dataset of the final file, written under a temporary name and
+renamed into place, so a crash never leaves a half-written corpus behind.
+
+A contiguous, uncompressed ``/tokens`` is read through a NumPy memmap at the
+offset h5py reports (no HDF5 call per sample); other layouts fall back to h5py
+slicing. Samples are ``seq_len + 1`` consecutive tokens (inputs and shifted
+labels), visited in a seeded shuffled order that depends only on the global
+sample index, so the order survives restarts and layout changes.
+"""
+
+import json
+import logging
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import h5py
+import numpy as np
+
+from air_hpc.errors import InputError
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+_BLOCK_BYTES = 1 << 20
+_CHUNK_TOKENS = 1 << 16
+
+
+class Tokenizer(Protocol):
+    name: str
+    vocab_size: int
+    eod_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as ids 0..255, end-of-document 256: needs nothing but Python."""
+
+    name = "byte"
+    vocab_size = 257
+    eod_id = 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+class HFTokenizer:
+    """A local Hugging Face ``tokenizer.json`` (optional ``tokenizers`` package; never downloads)."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            from tokenizers import Tokenizer as _Tokenizer
+        except ImportError:
+            raise InputError(
+                f"--tokenizer {path}: a tokenizer directory needs the `tokenizers` package "
+                "(pip install tokenizers), or use --tokenizer byte"
+            ) from None
+        file = path / "tokenizer.json" if path.is_dir() else path
+        if not file.is_file():
+            raise InputError(f"--tokenizer {path}: no tokenizer.json there; expected 'byte' or a tokenizer directory")
+        self._tok = _Tokenizer.from_file(str(file))
+        self.name = str(path)
+        base = self._tok.get_vocab_size(with_added_tokens=True)
+        eod = self._tok.token_to_id("<|endoftext|>") or self._tok.token_to_id("</s>")
+        self.eod_id = eod if eod is not None else base
+        self.vocab_size = max(base, self.eod_id + 1)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self._tok.decode(list(ids)))
+
+
+def load_tokenizer(spec: str) -> Tokenizer:
+    if spec == "byte":
+        return ByteTokenizer()
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise InputError(f"--tokenizer {spec}: not 'byte' and no such file or directory")
+    return HFTokenizer(path)
+
+
+def token_dtype(vocab_size: int) -> np.dtype[Any]:
+    """The narrowest unsigned type holding every id."""
+    for dtype in (np.uint8, np.uint16, np.uint32):
+        if vocab_size - 1 <= np.iinfo(dtype).max:
+            return np.dtype(dtype)
+    return np.dtype(np.uint64)
+
+
+def _documents(path: Path) -> Iterator[Iterator[str]]:
+    """Each document of an input as a stream of text pieces: a JSONL line's ``text``, or a whole text file."""
+    if path.suffix in {".jsonl", ".ndjson"}:
+        with path.open(encoding="utf-8") as fh:
+            for number, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError as exc:
+                    raise InputError(f"{path}:{number}: not a JSON object: {exc}") from None
+                if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                    raise InputError(f"{path}:{number}: expected an object with a string 'text' field")
+                yield iter((record["text"],))
+        return
+
+    def pieces() -> Iterator[str]:
+        with path.open(encoding="utf-8", errors="replace") as fh:
+            while block := fh.read(_BLOCK_BYTES):
+                yield block
+
+    yield pieces()
+
+
+@dataclass(frozen=True)
+class CorpusInfo:
+    path: Path
+    tokens: int
+    documents: int
+    tokenizer: str
+    vocab_size: int
+    eod_id: int
+    dtype: str
+    contiguous: bool
+
+
+def prepare(inputs: Iterable[Path], output: Path, tokenizer: Tokenizer) -> CorpusInfo:
+    """Tokenize ``inputs`` (text or JSONL) into one HDF5 token file at ``output``."""
+    inputs = list(inputs)
+    for path in inputs:
+        if not path.is_file():
+            raise InputError(f"{path}: no such input file")
+    dtype = token_dtype(tokenizer.vocab_size)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    scratch = output.with_name(f".{output.name}.scratch-{os.getpid()}")
+    final_tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    try:
+        with h5py.File(scratch, "w") as raw:
+            tokens = raw.create_dataset("tokens", (0,), maxshape=(None,), dtype=dtype, chunks=(_CHUNK_TOKENS,))
+            offsets = [0]
+            for path in inputs:
+                for doc in _documents(path):
+                    for piece in doc:
+                        _append(tokens, tokenizer.encode(piece), dtype)
+                    _append(tokens, [tokenizer.eod_id], dtype)
+                    offsets.append(tokens.shape[0])
+            total = tokens.shape[0]
+            if total == 0:
+                raise InputError(f"{', '.join(map(str, inputs))}: no text to tokenize")
+            with h5py.File(final_tmp, "w") as out:
+                dest = out.create_dataset("tokens", (total,), dtype=dtype)
+                for start in range(0, total, _BLOCK_BYTES):
+                    dest[start : start + _BLOCK_BYTES] = tokens[start : start + _BLOCK_BYTES]
+                out.create_dataset("doc_offsets", data=np.asarray(offsets, dtype=np.uint64))
+                out.attrs.update(
+                    format=FORMAT_VERSION,
+                    tokenizer=tokenizer.name,
+                    vocab_size=tokenizer.vocab_size,
+                    eod_id=tokenizer.eod_id,
+                )
+        with final_tmp.open("rb+") as fh:
+            os.fsync(fh.fileno())
+        final_tmp.replace(output)
+    finally:
+        scratch.unlink(missing_ok=True)
+        final_tmp.unlink(missing_ok=True)
+    info = inspect(output)
+    log.info("wrote %s: %d tokens, %d documents", output, info.tokens, info.documents)
+    return info
+
+
+def _append(dataset: h5py.Dataset, ids: Sequence[int], dtype: np.dtype[Any]) -> None:
+    if not ids:
+        return
+    start = dataset.shape[0]
+    dataset.resize((start + len(ids),))
+    dataset[start:] = np.asarray(ids, dtype=dtype)
+
+
+def inspect(path: Path) -> CorpusInfo:
+    """Open and check a token file; raise :class:`InputError` naming what is wrong."""
+    if not path.is_file():
+        raise InputError(f"{path}: no such HDF5 token file; build one with `air-hpc data prepare`")
+    try:
+        with h5py.File(path, "r") as fh:
+            missing = [name for name in ("tokens", "doc_offsets") if name not in fh]
+            if missing:
+                raise InputError(f"{path}: not an air-hpc token file: missing dataset(s) {', '.join(missing)}")
+            attrs = {key: fh.attrs.get(key) for key in ("format", "tokenizer", "vocab_size", "eod_id")}
+            absent = [key for key, value in attrs.items() if value is None]
+            if absent:
+                raise InputError(f"{path}: not an air-hpc token file: missing attribute(s) {', '.join(absent)}")
+            if int(attrs["format"]) != FORMAT_VERSION:
+                raise InputError(f"{path}: token file format {attrs['format']}, expected {FORMAT_VERSION}")
+            tokens = fh["tokens"]
+            if tokens.ndim != 1 or tokens.dtype.kind != "u":
+                raise InputError(f"{path}: /tokens must be a 1-D unsigned integer dataset, got {tokens.dtype}")
+            tokenizer = attrs["tokenizer"]
+            return CorpusInfo(
+                path=path,
+                tokens=int(tokens.shape[0]),
+                documents=max(int(fh["doc_offsets"].shape[0]) - 1, 0),
+                tokenizer=tokenizer.decode() if isinstance(tokenizer, bytes) else str(tokenizer),
+                vocab_size=int(attrs["vocab_size"]),
+                eod_id=int(attrs["eod_id"]),
+                dtype=str(tokens.dtype),
+                contiguous=tokens.id.get_offset() is not None,
+            )
+    except InputError:
+        raise
+    except (OSError, KeyError, ValueError) as exc:
+        raise InputError(f"{path}: cannot read as HDF5: {exc}") from None
+
+
+def sample_text(path: Path, max_tokens: int = 200) -> str:
+    """The first tokens of the corpus, decoded when the tokenizer is the byte tokenizer."""
+    info = inspect(path)
+    with h5py.File(path, "r") as fh:
+        ids = fh["tokens"][:max_tokens].tolist()
+    if info.tokenizer == ByteTokenizer.name:
+        return ByteTokenizer().decode(ids)
+    return " ".join(map(str, ids))
+
+
+def check_for_training(path: Path, seq_len: int, vocab_size: int) -> CorpusInfo:
+    """Everything the trainer needs from the file, checked before any process group starts."""
+    info = inspect(path)
+    if info.tokens < seq_len + 1:
+        raise InputError(
+            f"{path}: {info.tokens} tokens is shorter than one sample of model.seq_len + 1 = {seq_len + 1} tokens"
+        )
+    if vocab_size < info.vocab_size:
+        raise InputError(
+            f"model.vocab_size {vocab_size} is smaller than the vocabulary of {path} "
+            f"({info.tokenizer} tokenizer, {info.vocab_size} ids)"
+        )
+    return info
+
+
+class TokenSamples:
+    """Fixed-length samples in a seeded shuffled order; opened lazily so each process opens its own handle."""
+
+    def __init__(self, path: Path, seq_len: int, seed: int) -> None:
+        self.path = path
+        self.seq_len = seq_len
+        self.seed = seed
+        self._tokens: np.ndarray[Any, Any] | h5py.Dataset | None = None
+        self._file: h5py.File | None = None
+        self._order: tuple[int, np.ndarray[Any, Any]] | None = None
+        self._window = np.arange(seq_len + 1, dtype=np.int64)
+        self.num_samples = 0
+
+    def _open(self) -> np.ndarray[Any, Any] | h5py.Dataset:
+        if self._tokens is None:
+            info = inspect(self.path)
+            self.num_samples = (info.tokens - 1) // self.seq_len
+            fh = h5py.File(self.path, "r")
+            dataset = fh["tokens"]
+            offset = dataset.id.get_offset()
+            if offset is not None and dataset.compression is None:
+                self._tokens = np.memmap(self.path, dtype=dataset.dtype, mode="r", offset=offset, shape=dataset.shape)
+                fh.close()
+            else:
+                self._file, self._tokens = fh, dataset
+        return self._tokens
+
+    def _epoch_order(self, epoch: int) -> np.ndarray[Any, Any]:
+        if self._order is None or self._order[0] != epoch:
+            rng = np.random.default_rng([self.seed, epoch])
+            self._order = (epoch, rng.permutation(self.num_samples))
+        return self._order[1]
+
+    def sample_starts(self, global_indices: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """Token offset of each global sample index (epochs wrap around, each reshuffled)."""
+        self._open()
+        starts = np.empty(len(global_indices), dtype=np.int64)
+        epochs = global_indices // self.num_samples
+        for epoch in np.unique(epochs):
+            mask = epochs == epoch
+            starts[mask] = self._epoch_order(int(epoch))[global_indices[mask] % self.num_samples]
+        return starts * self.seq_len
+
+    def batch(self, global_indices: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """``[len(indices), seq_len + 1]`` int64 tokens."""
+        tokens = self._open()
+        starts = self.sample_starts(global_indices)
+        if isinstance(tokens, np.ndarray):
+            return tokens[starts[:, None] + self._window].astype(np.int64)
+        return np.stack([tokens[s : s + self.seq_len + 1] for s in starts]).astype(np.int64)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        self._file = self._tokens = None
+
+
+def micro_batch_indices(
+    consumed_samples: int, micro_batch: int, micro_batch_size: int, dp_rank: int, dp_size: int
+) -> np.ndarray[Any, Any]:
+    """Global sample indices of one micro-batch of one DP rank, counted from the run's start.
+
+    A global batch is ``num_micro_batches`` rounds of ``dp_size * micro_batch_size``
+    consecutive indices; DP rank ``r`` takes the ``r``-th slice of each round.
+    """
+    start = consumed_samples + (micro_batch * dp_size + dp_rank) * micro_batch_size
+    return np.arange(start, start + micro_batch_size, dtype=np.int64)
