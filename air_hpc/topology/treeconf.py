@@ -1,0 +1,247 @@
+"""Slurm's topology.conf: the tree form (``SwitchName=``) and the block form (``BlockName=``/``BlockSizes=``).
+
+Readers are strict: an unknown key, a malformed pair, an empty hostlist or a
+bad range stops with one error naming the file and line, because a silently
+half-read topology makes Slurm (and our selection) place jobs badly without
+anyone noticing. Writers emit hostlists compressed and sorted.
+"""
+
+import csv
+import io
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from air_hpc.errors import InputError, TopologyError
+from air_hpc.topology import hostlists
+from air_hpc.topology.fabric import Fabric, SwitchSpec, build_fabric
+
+_TREE_KEYS = {"switchname", "switches", "nodes", "linkspeed"}
+_BLOCK_KEYS = {"blockname", "nodes", "blocksizes"}
+_PAIR = re.compile(r"^([A-Za-z]+)=(\S+)$")
+
+
+def _logical_lines(text: str) -> Iterator[tuple[int, str, str]]:
+    """(first line number, content without comment, the comment) for each non-blank line; joins ``\\`` continuations."""
+    pending = ""
+    start = 0
+    for number, raw in enumerate(text.splitlines(), start=1):
+        content, _, comment = raw.partition("#")
+        content = content.rstrip()
+        if not pending:
+            start = number
+        if content.endswith("\\"):
+            pending += content[:-1] + " "
+            continue
+        full = (pending + content).strip()
+        pending = ""
+        if full or comment.strip():
+            yield start, full, comment.strip()
+    if pending.strip():
+        yield start, pending.strip(), ""
+
+
+def _pairs(content: str, where: str, allowed: set[str]) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for token in content.split():
+        match = _PAIR.match(token)
+        if not match:
+            raise TopologyError(f"{where}: cannot parse {token!r}; expected Key=Value pairs")
+        key, value = match.group(1).lower(), match.group(2)
+        if key not in allowed:
+            raise TopologyError(f"{where}: unknown key {match.group(1)!r}; expected one of {sorted(allowed)}")
+        if key in pairs:
+            raise TopologyError(f"{where}: key {match.group(1)!r} given twice")
+        pairs[key] = value
+    return pairs
+
+
+def parse(text: str, source_name: str) -> Fabric:
+    """Read a tree topology.conf into a checked :class:`Fabric`."""
+    specs: list[SwitchSpec] = []
+    pending_comments: list[str] = []
+    for line, content, comment in _logical_lines(text):
+        where = f"{source_name}:{line}"
+        if not content:
+            pending_comments.append(comment)
+            continue
+        pairs = _pairs(content, where, _TREE_KEYS | _BLOCK_KEYS)
+        if "blockname" in pairs or "blocksizes" in pairs:
+            raise TopologyError(f"{where}: block topology line in a tree topology.conf; read it as a block file")
+        if "switchname" not in pairs:
+            raise TopologyError(f"{where}: no SwitchName=; expected 'SwitchName=NAME Nodes=...' or '... Switches=...'")
+        nodes = tuple(hostlists.expand(pairs["nodes"], where)) if "nodes" in pairs else ()
+        children = tuple(hostlists.expand(pairs["switches"], where)) if "switches" in pairs else ()
+        specs.append(
+            SwitchSpec(
+                name=pairs["switchname"],
+                children=children,
+                nodes=nodes,
+                comment="\n".join(c for c in [*pending_comments, comment] if c),
+                line=line,
+            )
+        )
+        pending_comments = []
+    if not specs:
+        raise TopologyError(f"{source_name}: no switches defined; expected lines like 'SwitchName=leaf1 Nodes=n[1-4]'")
+    return build_fabric(specs, source_name)
+
+
+def render(fabric: Fabric, header: str = "") -> str:
+    """topology.conf text: leaves first, then each level up; each switch's comment above its line."""
+    lines = [f"# {h}" if h else "#" for h in header.splitlines()]
+    by_level = sorted(fabric.switch_order, key=lambda name: fabric.switches[name].level)
+    for name in by_level:
+        switch = fabric.switches[name]
+        lines.extend(f"# {c}" for c in switch.comment.splitlines())
+        if switch.is_leaf:
+            lines.append(f"SwitchName={name} Nodes={hostlists.compress(switch.nodes)}")
+        else:
+            lines.append(f"SwitchName={name} Switches={hostlists.compress(switch.children)}")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Block:
+    name: str
+    nodes: tuple[str, ...]
+    comment: str = ""
+
+
+@dataclass(frozen=True)
+class BlockTopology:
+    """Slurm's topology/block: NVLink domains (blocks) and the block sizes jobs may be packed into."""
+
+    blocks: tuple[Block, ...]
+    block_sizes: tuple[int, ...] = ()
+    source: str = ""
+
+    def to_fabric(self) -> Fabric:
+        """Blocks as leaves under one switch, so selection treats an NVLink domain like a leaf."""
+        specs = [SwitchSpec(name=b.name, nodes=b.nodes, comment=b.comment) for b in self.blocks]
+        if len(specs) > 1:
+            specs.append(SwitchSpec(name="blocks", children=tuple(b.name for b in self.blocks)))
+        return build_fabric(specs, self.source or "block topology")
+
+
+def parse_block(text: str, source_name: str) -> BlockTopology:
+    """Read a topology/block topology.conf (``BlockName=`` lines and an optional ``BlockSizes=``)."""
+    blocks: list[Block] = []
+    sizes: tuple[int, ...] = ()
+    owner: dict[str, str] = {}
+    names: set[str] = set()
+    for line, content, comment in _logical_lines(text):
+        where = f"{source_name}:{line}"
+        if not content:
+            continue
+        pairs = _pairs(content, where, _BLOCK_KEYS | _TREE_KEYS)
+        if "switchname" in pairs:
+            raise TopologyError(f"{where}: SwitchName= line in a block topology.conf; read it as a tree file")
+        if "blocksizes" in pairs:
+            if len(pairs) != 1 or sizes:
+                raise TopologyError(f"{where}: BlockSizes= must stand alone on one line, once per file")
+            sizes = _block_sizes(pairs["blocksizes"], where)
+            continue
+        if "blockname" not in pairs or "nodes" not in pairs:
+            raise TopologyError(f"{where}: expected 'BlockName=NAME Nodes=HOSTLIST'")
+        name = pairs["blockname"]
+        if name in names:
+            raise TopologyError(f"{where}: block {name!r} defined twice")
+        names.add(name)
+        nodes = tuple(hostlists.expand(pairs["nodes"], where))
+        for node in nodes:
+            if node in owner:
+                raise TopologyError(f"{where}: node {node!r} is in both block {owner[node]!r} and {name!r}")
+            owner[node] = name
+        blocks.append(Block(name=name, nodes=nodes, comment=comment))
+    if not blocks:
+        raise TopologyError(f"{source_name}: no blocks defined; expected lines like 'BlockName=b1 Nodes=n[1-18]'")
+    return BlockTopology(blocks=tuple(blocks), block_sizes=sizes, source=source_name)
+
+
+def _block_sizes(value: str, where: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(v) for v in value.split(","))
+    except ValueError:
+        raise TopologyError(f"{where}: BlockSizes={value!r} must be a comma-separated list of node counts") from None
+    if any(s < 1 for s in sizes) or list(sizes) != sorted(set(sizes)):
+        raise TopologyError(f"{where}: BlockSizes={value!r} must be positive and strictly increasing")
+    return sizes
+
+
+def render_block(topology: BlockTopology) -> str:
+    lines: list[str] = []
+    for block in topology.blocks:
+        lines.extend(f"# {c}" for c in block.comment.splitlines())
+        lines.append(f"BlockName={block.name} Nodes={hostlists.compress(block.nodes)}")
+    if topology.block_sizes:
+        lines.append("BlockSizes=" + ",".join(str(s) for s in topology.block_sizes))
+    return "\n".join(lines) + "\n"
+
+
+#: nvidia-smi prints these for GPUs outside any NVLink fabric (no NVSwitch domain)
+_NO_DOMAIN = {"", "n/a", "[n/a]", "00000000-0000-0000-0000-000000000000", "not supported", "[not supported]"}
+
+
+def read_nvlink_csv(text: str, source_name: str) -> dict[str, tuple[str, str]]:
+    """Node -> (clusterUuid, cliqueId) from ``hostname, fabric.clusterUuid, fabric.cliqueId`` rows.
+
+    One row per GPU or per node; a header row is allowed. Nodes whose GPUs are in
+    no NVLink domain are left out. GPUs of one node that disagree are an error:
+    the domain map would be ambiguous.
+    """
+    domains: dict[str, tuple[str, str]] = {}
+    first_line: dict[str, int] = {}
+    rows = csv.reader(io.StringIO(text))
+    any_row = False
+    for number, row in enumerate(rows, start=1):
+        cells = [c.strip() for c in row]
+        if not cells or not any(cells) or cells[0].startswith("#"):
+            continue
+        where = f"{source_name}:{number}"
+        if len(cells) != 3:
+            raise InputError(f"{where}: expected 3 columns 'hostname, fabric.clusterUuid, fabric.cliqueId', got {row}")
+        if number == 1 and "clusteruuid" in cells[1].lower().replace(".", "").replace("_", ""):
+            continue
+        any_row = True
+        node, uuid, clique = cells
+        if uuid.lower() in _NO_DOMAIN or clique.lower() in _NO_DOMAIN:
+            continue
+        domain = (uuid.lower(), clique)
+        if node in domains and domains[node] != domain:
+            raise InputError(
+                f"{where}: node {node!r} has GPUs in two NVLink domains ({domains[node]} at line "
+                f"{first_line[node]} and {domain})"
+            )
+        domains.setdefault(node, domain)
+        first_line.setdefault(node, number)
+    if not any_row:
+        raise InputError(f"{source_name}: no rows; expected 'hostname, fabric.clusterUuid, fabric.cliqueId' per GPU")
+    return domains
+
+
+def blocks_from_domains(
+    domain_of: Mapping[str, tuple[str, str]], source: str = "", block_sizes: Sequence[int] | None = None
+) -> BlockTopology:
+    """One block per NVLink domain, named ``block1..`` in hostlist order of their first node.
+
+    Without explicit sizes, BlockSizes is the smallest block doubled while it fits
+    the number of blocks (what NVIDIA's topograph infers), so Slurm can pack jobs
+    into 1, 2, 4, ... whole domains.
+    """
+    members: dict[tuple[str, str], list[str]] = {}
+    for node in hostlists.natural_sorted(domain_of):
+        members.setdefault(domain_of[node], []).append(node)
+    blocks = tuple(
+        Block(name=f"block{i}", nodes=tuple(nodes), comment=f"NVLink domain clusterUuid={uuid} cliqueId={clique}")
+        for i, ((uuid, clique), nodes) in enumerate(members.items(), start=1)
+    )
+    if not blocks:
+        raise InputError(f"{source or 'NVLink map'}: no node is in an NVLink domain; nothing to write")
+    if block_sizes is None:
+        base = min(len(b.nodes) for b in blocks)
+        sizes = [base]
+        while sizes[-1] * 2 <= base * len(blocks):
+            sizes.append(sizes[-1] * 2)
+        block_sizes = sizes
+    return BlockTopology(blocks=blocks, block_sizes=tuple(block_sizes), source=source)
