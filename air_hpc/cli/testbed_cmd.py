@@ -1,0 +1,87 @@
+"""``air-hpc testbed up|down|status|env``: the embedded local Slurm cluster."""
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from air_hpc.errors import UserError
+from air_hpc.testbed import Testbed, default_state_dir
+
+state_dir_option = click.option(
+    "--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+    help=f"Where the testbed keeps all its state [default: {default_state_dir()}].",
+)
+
+
+def parse_leaves(value: str) -> tuple[int, ...]:
+    try:
+        leaves = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        raise UserError(f"--leaves {value!r}: expected comma-separated node counts per leaf, e.g. 2,4,2") from None
+    if not leaves or min(leaves) < 1:
+        raise UserError(f"--leaves {value!r}: every leaf needs at least one node")
+    return leaves
+
+
+@click.group()
+def testbed() -> None:
+    """A real Slurm cluster on loopback: slurmctld, slurmdbd and one slurmd per emulated node."""
+
+
+@testbed.command()
+@state_dir_option
+@click.option("--leaves", default="2,4,2", show_default=True,
+              help="Nodes per leaf switch, all under one spine.")
+def up(state_dir: Path | None, leaves: str) -> None:
+    """Start the testbed (safe to run twice) and wait until every node is idle."""
+    status = Testbed(state_dir).up(parse_leaves(leaves))
+    _print_status(status)
+    click.echo(f"export SLURM_CONF={shlex.quote(status['slurm_conf'])}")
+
+
+@testbed.command()
+@state_dir_option
+def down(state_dir: Path | None) -> None:
+    """Stop every daemon the testbed started, by PID, and wait for them."""
+    stopped = Testbed(state_dir).down()
+    click.echo(f"stopped {len(stopped)} daemon(s)" if stopped else "testbed was not running")
+
+
+@testbed.command()
+@state_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
+def status(state_dir: Path | None, as_json: bool) -> None:
+    """Show nodes, their states and the daemons' PIDs."""
+    info = Testbed(state_dir).status()
+    if as_json:
+        click.echo(json.dumps(info, indent=2, sort_keys=True))
+    else:
+        _print_status(info)
+
+
+@testbed.command()
+@state_dir_option
+def env(state_dir: Path | None) -> None:
+    """Print shell exports for using the testbed: eval "$(air-hpc testbed env)"."""
+    for key, value in sorted(Testbed(state_dir).env.items()):
+        click.echo(f"export {key}={shlex.quote(value)}")
+
+
+def _print_status(info: dict[str, Any]) -> None:
+    console = Console()
+    if not info["up"]:
+        console.print(f"testbed in {info['state_dir']} is [bold red]down[/]")
+        return
+    table = Table(title=f"testbed {info['state_dir']}")
+    table.add_column("node")
+    table.add_column("state")
+    for node, state in info["nodes"].items():
+        table.add_row(node, state)
+    console.print(table)
+    daemons = ", ".join(f"{name}={d['pid']}" for name, d in info["daemons"].items())
+    console.print(f"daemons: {daemons}")

@@ -1,0 +1,333 @@
+"""The embedded Slurm testbed: munge, MariaDB, slurmdbd, slurmctld and one slurmd per node.
+
+Every daemon runs in the foreground under a PID we record (with its start time,
+so a recycled PID is never mistaken for ours), listens on loopback on ports
+chosen free at ``up``, and keeps all its state under one directory. Each
+slurmd runs in its own UTS and mount namespace so ``hostname`` inside a job is
+the emulated node's name.
+"""
+
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from air_hpc.errors import SlurmError, TestbedError
+from air_hpc.slurm.client import SlurmClient
+from air_hpc.testbed import conf
+from air_hpc.testbed.conf import Layout, Ports
+from air_hpc.testbed.topology import fabric_for, render_topology
+
+log = logging.getLogger(__name__)
+
+CLUSTER_NAME = "airtb"
+DEFAULT_LEAVES = (2, 4, 2)
+
+#: binary -> Debian package that provides it, for the "please install" message.
+REQUIRED_BINARIES = {
+    "munged": "munge",
+    "mungekey": "munge",
+    "mariadbd": "mariadb-server",
+    "mariadb-install-db": "mariadb-server",
+    "slurmdbd": "slurmdbd",
+    "slurmctld": "slurmctld",
+    "slurmd": "slurmd",
+    "sinfo": "slurm-client",
+    "scontrol": "slurm-client",
+    "unshare": "util-linux",
+}
+
+
+@dataclass(frozen=True)
+class Daemon:
+    name: str
+    pid: int
+    create_time: float
+
+    def process(self) -> psutil.Process | None:
+        """The live process, or None if it ended or the PID now belongs to someone else."""
+        try:
+            proc = psutil.Process(self.pid)
+            if abs(proc.create_time() - self.create_time) > 1.0 or proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+            return proc
+        except psutil.Error:
+            return None
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "air-hpc" / "testbed"
+
+
+def missing_packages() -> list[str]:
+    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+    return sorted({pkg for binary, pkg in REQUIRED_BINARIES.items() if not shutil.which(binary, path=search)})
+
+
+def free_ports(count: int) -> list[int]:
+    """Ask the kernel for distinct free loopback ports (held open together so they differ)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+class Testbed:
+    __test__ = False  # not a pytest test class, despite the name
+
+    def __init__(self, state_dir: Path | None = None) -> None:
+        self.layout = Layout((state_dir or default_state_dir()).resolve())
+
+    # ---- public operations -------------------------------------------------
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"SLURM_CONF": str(self.layout.slurm_conf)}
+
+    def client(self, **kwargs: Any) -> SlurmClient:
+        return SlurmClient(env=self.env, **kwargs)
+
+    def up(self, leaves: Sequence[int] = DEFAULT_LEAVES, timeout_s: float = 90.0) -> dict[str, Any]:
+        leaves = tuple(leaves)
+        if not leaves or any(n < 1 for n in leaves):
+            raise TestbedError(f"--leaves {','.join(map(str, leaves))}: expected node counts >= 1, e.g. 2,4,2")
+        state = self._read_state()
+        if state and self._all_alive(state):
+            if tuple(state["leaves"]) != leaves:
+                raise TestbedError(
+                    f"testbed in {self.layout.root} is already up with leaves "
+                    f"{','.join(map(str, state['leaves']))}; run `air-hpc testbed down` first"
+                )
+            log.info("testbed already up in %s", self.layout.root)
+            return self.status()
+        if state:
+            log.warning("testbed in %s was partly running; restarting it", self.layout.root)
+            self.down()
+        missing = missing_packages()
+        if missing:
+            raise TestbedError(
+                "the testbed needs Debian packages that are not installed: "
+                f"apt-get install --no-install-recommends {' '.join(missing)}"
+            )
+        self._start(leaves, timeout_s)
+        return self.status()
+
+    def down(self, timeout_s: float = 30.0) -> list[Daemon]:
+        """Stop every daemon (and the job processes under each slurmd) that ``up`` started."""
+        state = self._read_state()
+        if not state:
+            return []
+        daemons = [Daemon(**d) for d in state["daemons"]]
+        self._cancel_jobs(daemons)
+        stopped: list[Daemon] = []
+        for daemon in reversed(daemons):
+            proc = daemon.process()
+            if proc is None:
+                continue
+            family = [*proc.children(recursive=True), proc]
+            for p in family:
+                try:
+                    p.terminate()
+                except psutil.Error:
+                    pass
+            _, alive = psutil.wait_procs(family, timeout=timeout_s / 2)
+            for p in alive:
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
+            psutil.wait_procs(alive, timeout=timeout_s / 2)
+            stopped.append(daemon)
+        self.layout.state_json.unlink(missing_ok=True)
+        return stopped
+
+    def status(self) -> dict[str, Any]:
+        state = self._read_state()
+        if not state:
+            return {"state_dir": str(self.layout.root), "up": False, "daemons": {}, "nodes": {}}
+        daemons = {d["name"]: {"pid": d["pid"], "alive": Daemon(**d).process() is not None}
+                   for d in state["daemons"]}
+        nodes: dict[str, str] = {}
+        if all(d["alive"] for d in daemons.values()):
+            nodes = self._node_states(self.client(retries=0))
+        return {
+            "state_dir": str(self.layout.root),
+            "up": all(d["alive"] for d in daemons.values()),
+            "slurm_conf": str(self.layout.slurm_conf),
+            "topology_conf": str(self.layout.topology_conf),
+            "leaves": state["leaves"],
+            "ports": state["ports"],
+            "daemons": daemons,
+            "nodes": nodes,
+        }
+
+    # ---- start-up ------------------------------------------------------------
+
+    def _start(self, leaves: tuple[int, ...], timeout_s: float) -> None:
+        lay = self.layout
+        fabric = fabric_for(leaves)
+        nodes = list(fabric.nodes)
+        for directory in (lay.etc, lay.run, lay.log, lay.spool, lay.ctld_state, lay.munge_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+        lay.root.chmod(0o755)
+        lay.munge_dir.chmod(0o711)
+        numbers = free_ports(3 + len(nodes))
+        ports = Ports(slurmctld=numbers[0], slurmdbd=numbers[1], mariadb=numbers[2], slurmd=tuple(numbers[3:]))
+        lay.slurm_conf.write_text(conf.slurm_conf(lay, ports, nodes, socket.gethostname(), CLUSTER_NAME))
+        lay.slurmdbd_conf.write_text(conf.slurmdbd_conf(lay, ports))
+        lay.slurmdbd_conf.chmod(0o600)
+        lay.cgroup_conf.write_text(conf.cgroup_conf())
+        lay.topology_conf.write_text(render_topology(fabric))
+        lay.hosts.write_text(conf.hosts_file(nodes, socket.gethostname()))
+        state: dict[str, Any] = {"leaves": list(leaves), "nodes": nodes, "ports": asdict(ports), "daemons": []}
+        deadline = time.monotonic() + timeout_s
+        try:
+            self._start_munge(state)
+            self._start_mariadb(state, ports, deadline)
+            self._start_daemon(state, "slurmdbd", ["slurmdbd", "-D"], env={"SLURM_CONF": str(lay.slurm_conf)})
+            _wait_port(ports.slurmdbd, deadline, "slurmdbd", lay.log / "slurmdbd.log")
+            self._start_daemon(state, "slurmctld", ["slurmctld", "-D", "-i", "-f", str(lay.slurm_conf)])
+            _wait_port(ports.slurmctld, deadline, "slurmctld", lay.log / "slurmctld.log")
+            for name in nodes:
+                (lay.spool / name).mkdir(exist_ok=True)
+                # The private mount namespace gets a hosts file naming every node, so the node's
+                # own hostname and its peers (MASTER_ADDR inside jobs) resolve to loopback.
+                self._start_daemon(state, f"slurmd-{name}", [
+                    "unshare", "--uts", "--mount", "--", "sh", "-c",
+                    'hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"',
+                    "sh", name, str(lay.hosts),
+                    "slurmd", "-D", "-N", name, "-f", str(lay.slurm_conf),
+                ])
+            self._wait_nodes_idle(nodes, deadline)
+        except BaseException:
+            self.down()
+            raise
+
+    def _start_munge(self, state: dict[str, Any]) -> None:
+        lay = self.layout
+        if not lay.munge_key.exists():
+            _check_call(["mungekey", "--create", f"--keyfile={lay.munge_key}"], "mungekey")
+        lay.munge_key.chmod(0o600)
+        self._start_daemon(state, "munged", [
+            "munged", "--foreground", "--force", f"--socket={lay.munge_socket}", f"--key-file={lay.munge_key}",
+            f"--pid-file={lay.pid_file('munged-own')}", f"--log-file={lay.log / 'munged.log'}",
+            f"--seed-file={lay.munge_dir / 'munged.seed'}",
+        ])
+        deadline = time.monotonic() + 10
+        while not lay.munge_socket.exists():
+            if time.monotonic() > deadline:
+                raise TestbedError(f"munged did not create {lay.munge_socket}; see {lay.log / 'munged.log'}")
+            time.sleep(0.05)
+
+    def _start_mariadb(self, state: dict[str, Any], ports: Ports, deadline: float) -> None:
+        lay = self.layout
+        if not (lay.mariadb_dir / "mysql").is_dir():
+            _check_call([
+                "mariadb-install-db", "--no-defaults", f"--datadir={lay.mariadb_dir}", "--user=root",
+                "--auth-root-authentication-method=normal", "--skip-test-db", "--skip-name-resolve",
+            ], "mariadb-install-db")
+        # Grant tables are skipped: the server listens on loopback only and holds nothing but this
+        # testbed's accounting records, which spares slurmdbd a user and password.
+        self._start_daemon(state, "mariadbd", [
+            "mariadbd", "--no-defaults", f"--datadir={lay.mariadb_dir}", f"--socket={lay.mariadb_socket}",
+            f"--port={ports.mariadb}", "--bind-address=127.0.0.1", "--user=root", "--skip-grant-tables",
+            "--skip-name-resolve", f"--pid-file={lay.pid_file('mariadbd-own')}",
+            f"--log-error={lay.log / 'mariadbd.log'}", "--innodb-buffer-pool-size=16M",
+            "--performance-schema=OFF", "--innodb-flush-log-at-trx-commit=2",
+        ])
+        _wait_port(ports.mariadb, deadline, "mariadbd", lay.log / "mariadbd.log")
+
+    def _start_daemon(
+        self, state: dict[str, Any], name: str, argv: list[str], env: dict[str, str] | None = None
+    ) -> None:
+        log_path = self.layout.log / f"{name}.out"
+        with log_path.open("ab") as out:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True, env={**os.environ, **(env or {})},
+            )
+        daemon = Daemon(name=name, pid=proc.pid, create_time=psutil.Process(proc.pid).create_time())
+        state["daemons"].append(asdict(daemon))
+        self._write_state(state)
+        log.info("started %s (pid %d)", name, proc.pid)
+
+    def _wait_nodes_idle(self, nodes: list[str], deadline: float) -> None:
+        client = self.client(retries=0, timeout_s=5)
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            try:
+                states = self._node_states(client)
+            except SlurmError:
+                states = {}
+            if states and all(states.get(n, "").startswith("idle") for n in nodes):
+                return
+            time.sleep(0.5)
+        raise TestbedError(
+            f"nodes did not become idle in time: {states or 'no answer from slurmctld'}; "
+            f"see logs in {self.layout.log}"
+        )
+
+    # ---- helpers ---------------------------------------------------------------
+
+    @staticmethod
+    def _node_states(client: SlurmClient) -> dict[str, str]:
+        out = client.run(["sinfo", "-h", "-N", "-o", "%N %T"]).stdout
+        return dict(line.split(None, 1) for line in out.splitlines() if line.strip())
+
+    def _cancel_jobs(self, daemons: list[Daemon]) -> None:
+        ctld = next((d for d in daemons if d.name == "slurmctld"), None)
+        if ctld is None or ctld.process() is None:
+            return
+        try:
+            self.client(retries=0, timeout_s=10).run(["scancel", "--full", "--user", "root"], check=False)
+        except SlurmError as exc:
+            log.warning("could not cancel jobs before stopping: %s", exc)
+
+    def _all_alive(self, state: dict[str, Any]) -> bool:
+        return bool(state["daemons"]) and all(Daemon(**d).process() is not None for d in state["daemons"])
+
+    def _read_state(self) -> dict[str, Any] | None:
+        try:
+            data: dict[str, Any] = json.loads(self.layout.state_json.read_text())
+            return data
+        except FileNotFoundError:
+            return None
+        except ValueError as exc:
+            raise TestbedError(f"{self.layout.state_json}: unreadable testbed state ({exc})") from None
+
+    def _write_state(self, state: dict[str, Any]) -> None:
+        tmp = self.layout.state_json.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(self.layout.state_json)
+
+
+def _check_call(argv: list[str], what: str) -> None:
+    result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if result.returncode:
+        raise TestbedError(f"{what} failed (exit {result.returncode}): {result.stderr.strip()[-500:]}")
+
+
+def _wait_port(port: int, deadline: float, what: str, log_path: Path) -> None:
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise TestbedError(f"{what} did not listen on 127.0.0.1:{port} in time; see {log_path}")

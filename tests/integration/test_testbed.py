@@ -1,0 +1,91 @@
+"""The embedded testbed is a real multi-node Slurm: placement, hostnames, accounting, clean shutdown."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from air_hpc.testbed import Testbed
+
+pytestmark = pytest.mark.integration
+
+
+def sbatch(testbed, *args: str) -> str:
+    return testbed.client.run(["sbatch", "--parsable", *args], retry=False).stdout.strip().split(";")[0]
+
+
+def test_up_brings_eight_idle_nodes(testbed) -> None:
+    status = testbed.testbed.status()
+    assert status["up"]
+    assert status["nodes"] == {f"n{i}": "idle" for i in range(1, 9)}
+    assert "SwitchName=leaf2 Nodes=n3,n4,n5,n6" in testbed.topology_conf.read_text()
+
+
+def test_up_twice_is_safe(testbed) -> None:
+    before = testbed.testbed.status()["daemons"]
+    again = Testbed(testbed.state_dir).up((2, 4, 2))
+    assert again["daemons"] == before
+
+
+def test_switches_one_lands_on_the_four_node_leaf(testbed, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    job = sbatch(testbed, "-N4", "--switches=1", "-o", str(out), "--wrap", "echo $SLURM_JOB_NODELIST")
+    assert testbed.wait_job(job) == "COMPLETED"
+    assert out.read_text().strip() == "n[3-6]"
+
+
+def test_two_node_job_sees_its_own_hostnames(testbed, tmp_path: Path) -> None:
+    out = tmp_path / "hosts.out"
+    job = sbatch(testbed, "-N2", "--ntasks-per-node=1", "-o", str(out), "--wrap",
+                 "srun bash -c 'echo $SLURM_NODEID $(hostname) $SLURMD_NODENAME'")
+    assert testbed.wait_job(job) == "COMPLETED"
+    lines = sorted(out.read_text().split("\n")[:-1])
+    assert len(lines) == 2
+    for line in lines:
+        _, hostname, nodename = line.split()
+        assert hostname == nodename
+    assert len({line.split()[1] for line in lines}) == 2
+
+
+def test_peers_resolve_to_loopback_inside_jobs(testbed, tmp_path: Path) -> None:
+    out = tmp_path / "resolve.out"
+    job = sbatch(testbed, "-N1", "-w", "n3", "-o", str(out), "--wrap", "getent hosts n7")
+    assert testbed.wait_job(job) == "COMPLETED"
+    assert out.read_text().split()[0] == "127.0.0.1"
+
+
+def test_sacct_shows_finished_job(testbed, tmp_path: Path) -> None:
+    job = sbatch(testbed, "-N1", "-o", str(tmp_path / "out"), "--wrap", "exit 3")
+    assert testbed.wait_job(job) == "FAILED"
+    out = testbed.client.run(["sacct", "-n", "-X", "-P", "-j", job, "-o", "JobID,State,ExitCode"]).stdout
+    assert out.strip() == f"{job}|FAILED|3:0"
+
+
+def test_status_json_and_env_cli(testbed) -> None:
+    cli = [sys.executable, "-m", "air_hpc", "testbed"]
+    status = json.loads(subprocess.run([*cli, "status", "--json", "--state-dir", str(testbed.state_dir)],
+                                       capture_output=True, text=True, check=True).stdout)
+    assert status["up"] and len(status["nodes"]) == 8
+    assert all(d["alive"] for d in status["daemons"].values())
+    env = subprocess.run([*cli, "env", "--state-dir", str(testbed.state_dir)],
+                         capture_output=True, text=True, check=True).stdout
+    assert env.strip() == f"export SLURM_CONF={testbed.state_dir}/etc/slurm.conf"
+
+
+def test_second_testbed_side_by_side_and_down_leaves_no_daemon(testbed, tmp_path: Path) -> None:
+    other = Testbed(tmp_path / "other")
+    status = other.up((1, 1))
+    try:
+        assert status["nodes"] == {"n1": "idle", "n2": "idle"}
+        assert set(status["ports"]["slurmd"]).isdisjoint(testbed.testbed.status()["ports"]["slurmd"])
+        pids = [d["pid"] for d in status["daemons"].values()]
+    finally:
+        stopped = other.down()
+    assert len(stopped) == len(pids)
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert testbed.testbed.status()["up"], "bringing the second testbed down must not touch the first"
+    assert other.status()["up"] is False
