@@ -13,7 +13,9 @@ from air_hpc.errors import UserError
 from air_hpc.testbed import Testbed, default_state_dir
 
 state_dir_option = click.option(
-    "--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
     help=f"Where the testbed keeps all its state [default: {default_state_dir()}].",
 )
 
@@ -35,8 +37,7 @@ def testbed() -> None:
 
 @testbed.command()
 @state_dir_option
-@click.option("--leaves", default="2,4,2", show_default=True,
-              help="Nodes per leaf switch, all under one spine.")
+@click.option("--leaves", default="2,4,2", show_default=True, help="Nodes per leaf switch, all under one spine.")
 def up(state_dir: Path | None, leaves: str) -> None:
     """Start the testbed (safe to run twice) and wait until every node is idle."""
     status = Testbed(state_dir).up(parse_leaves(leaves))

@@ -7,6 +7,7 @@ slurmd runs in its own UTS and mount namespace so ``hostname`` inside a job is
 the emulated node's name.
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -142,16 +143,12 @@ class Testbed:
                 continue
             family = [*proc.children(recursive=True), proc]
             for p in family:
-                try:
+                with contextlib.suppress(psutil.Error):
                     p.terminate()
-                except psutil.Error:
-                    pass
             _, alive = psutil.wait_procs(family, timeout=timeout_s / 2)
             for p in alive:
-                try:
+                with contextlib.suppress(psutil.Error):
                     p.kill()
-                except psutil.Error:
-                    pass
             psutil.wait_procs(alive, timeout=timeout_s / 2)
             stopped.append(daemon)
         self.layout.state_json.unlink(missing_ok=True)
@@ -161,8 +158,7 @@ class Testbed:
         state = self._read_state()
         if not state:
             return {"state_dir": str(self.layout.root), "up": False, "daemons": {}, "nodes": {}}
-        daemons = {d["name"]: {"pid": d["pid"], "alive": Daemon(**d).process() is not None}
-                   for d in state["daemons"]}
+        daemons = {d["name"]: {"pid": d["pid"], "alive": Daemon(**d).process() is not None} for d in state["daemons"]}
         nodes: dict[str, str] = {}
         if all(d["alive"] for d in daemons.values()):
             nodes = self._node_states(self.client(retries=0))
@@ -208,12 +204,28 @@ class Testbed:
                 (lay.spool / name).mkdir(exist_ok=True)
                 # The private mount namespace gets a hosts file naming every node, so the node's
                 # own hostname and its peers (MASTER_ADDR inside jobs) resolve to loopback.
-                self._start_daemon(state, f"slurmd-{name}", [
-                    "unshare", "--uts", "--mount", "--", "sh", "-c",
-                    'hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"',
-                    "sh", name, str(lay.hosts),
-                    "slurmd", "-D", "-N", name, "-f", str(lay.slurm_conf),
-                ])
+                self._start_daemon(
+                    state,
+                    f"slurmd-{name}",
+                    [
+                        "unshare",
+                        "--uts",
+                        "--mount",
+                        "--",
+                        "sh",
+                        "-c",
+                        'hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"',
+                        "sh",
+                        name,
+                        str(lay.hosts),
+                        "slurmd",
+                        "-D",
+                        "-N",
+                        name,
+                        "-f",
+                        str(lay.slurm_conf),
+                    ],
+                )
             self._wait_nodes_idle(nodes, deadline)
         except BaseException:
             self.down()
@@ -224,11 +236,20 @@ class Testbed:
         if not lay.munge_key.exists():
             _check_call(["mungekey", "--create", f"--keyfile={lay.munge_key}"], "mungekey")
         lay.munge_key.chmod(0o600)
-        self._start_daemon(state, "munged", [
-            "munged", "--foreground", "--force", f"--socket={lay.munge_socket}", f"--key-file={lay.munge_key}",
-            f"--pid-file={lay.pid_file('munged-own')}", f"--log-file={lay.log / 'munged.log'}",
-            f"--seed-file={lay.munge_dir / 'munged.seed'}",
-        ])
+        self._start_daemon(
+            state,
+            "munged",
+            [
+                "munged",
+                "--foreground",
+                "--force",
+                f"--socket={lay.munge_socket}",
+                f"--key-file={lay.munge_key}",
+                f"--pid-file={lay.pid_file('munged-own')}",
+                f"--log-file={lay.log / 'munged.log'}",
+                f"--seed-file={lay.munge_dir / 'munged.seed'}",
+            ],
+        )
         deadline = time.monotonic() + 10
         while not lay.munge_socket.exists():
             if time.monotonic() > deadline:
@@ -238,19 +259,40 @@ class Testbed:
     def _start_mariadb(self, state: dict[str, Any], ports: Ports, deadline: float) -> None:
         lay = self.layout
         if not (lay.mariadb_dir / "mysql").is_dir():
-            _check_call([
-                "mariadb-install-db", "--no-defaults", f"--datadir={lay.mariadb_dir}", "--user=root",
-                "--auth-root-authentication-method=normal", "--skip-test-db", "--skip-name-resolve",
-            ], "mariadb-install-db")
+            _check_call(
+                [
+                    "mariadb-install-db",
+                    "--no-defaults",
+                    f"--datadir={lay.mariadb_dir}",
+                    "--user=root",
+                    "--auth-root-authentication-method=normal",
+                    "--skip-test-db",
+                    "--skip-name-resolve",
+                ],
+                "mariadb-install-db",
+            )
         # Grant tables are skipped: the server listens on loopback only and holds nothing but this
         # testbed's accounting records, which spares slurmdbd a user and password.
-        self._start_daemon(state, "mariadbd", [
-            "mariadbd", "--no-defaults", f"--datadir={lay.mariadb_dir}", f"--socket={lay.mariadb_socket}",
-            f"--port={ports.mariadb}", "--bind-address=127.0.0.1", "--user=root", "--skip-grant-tables",
-            "--skip-name-resolve", f"--pid-file={lay.pid_file('mariadbd-own')}",
-            f"--log-error={lay.log / 'mariadbd.log'}", "--innodb-buffer-pool-size=16M",
-            "--performance-schema=OFF", "--innodb-flush-log-at-trx-commit=2",
-        ])
+        self._start_daemon(
+            state,
+            "mariadbd",
+            [
+                "mariadbd",
+                "--no-defaults",
+                f"--datadir={lay.mariadb_dir}",
+                f"--socket={lay.mariadb_socket}",
+                f"--port={ports.mariadb}",
+                "--bind-address=127.0.0.1",
+                "--user=root",
+                "--skip-grant-tables",
+                "--skip-name-resolve",
+                f"--pid-file={lay.pid_file('mariadbd-own')}",
+                f"--log-error={lay.log / 'mariadbd.log'}",
+                "--innodb-buffer-pool-size=16M",
+                "--performance-schema=OFF",
+                "--innodb-flush-log-at-trx-commit=2",
+            ],
+        )
         _wait_port(ports.mariadb, deadline, "mariadbd", lay.log / "mariadbd.log")
 
     def _start_daemon(
@@ -259,8 +301,12 @@ class Testbed:
         log_path = self.layout.log / f"{name}.out"
         with log_path.open("ab") as out:
             proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True, env={**os.environ, **(env or {})},
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, **(env or {})},
             )
         daemon = Daemon(name=name, pid=proc.pid, create_time=psutil.Process(proc.pid).create_time())
         state["daemons"].append(asdict(daemon))
@@ -279,8 +325,7 @@ class Testbed:
                 return
             time.sleep(0.5)
         raise TestbedError(
-            f"nodes did not become idle in time: {states or 'no answer from slurmctld'}; "
-            f"see logs in {self.layout.log}"
+            f"nodes did not become idle in time: {states or 'no answer from slurmctld'}; see logs in {self.layout.log}"
         )
 
     # ---- helpers ---------------------------------------------------------------

@@ -149,23 +149,28 @@ def slurm_conf(layout: Layout, ports: Ports, nodes: list[str], ctld_host: str, c
 
 
 def slurmdbd_conf(layout: Layout, ports: Ports) -> str:
-    return "\n".join([
-        "# Written by air-hpc testbed up.",
-        "AuthType=auth/munge",
-        f"AuthInfo=socket={layout.munge_socket}",
-        "DbdHost=localhost",
-        "DbdAddr=127.0.0.1",
-        f"DbdPort={ports.slurmdbd}",
-        "SlurmUser=root",
-        f"PidFile={layout.pid_file('slurmdbd-own')}",
-        f"LogFile={layout.log}/slurmdbd.log",
-        "DebugLevel=info",
-        "StorageType=accounting_storage/mysql",
-        "StorageHost=127.0.0.1",
-        f"StoragePort={ports.mariadb}",
-        "StorageUser=root",
-        "StorageLoc=slurm_acct_db",
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                "# Written by air-hpc testbed up.",
+                "AuthType=auth/munge",
+                f"AuthInfo=socket={layout.munge_socket}",
+                "DbdHost=localhost",
+                "DbdAddr=127.0.0.1",
+                f"DbdPort={ports.slurmdbd}",
+                "SlurmUser=root",
+                f"PidFile={layout.pid_file('slurmdbd-own')}",
+                f"LogFile={layout.log}/slurmdbd.log",
+                "DebugLevel=info",
+                "StorageType=accounting_storage/mysql",
+                "StorageHost=127.0.0.1",
+                f"StoragePort={ports.mariadb}",
+                "StorageUser=root",
+                "StorageLoc=slurm_acct_db",
+            ]
+        )
+        + "\n"
+    )
 
 
 def cgroup_conf() -> str:

@@ -42,8 +42,12 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningTestbed
     status = bed.up((2, 4, 2))
     try:
         yield RunningTestbed(
-            state_dir=bed.layout.root, env=bed.env, client=bed.client(), nodes=list(status["nodes"]),
-            topology_conf=bed.layout.topology_conf, testbed=bed,
+            state_dir=bed.layout.root,
+            env=bed.env,
+            client=bed.client(),
+            nodes=list(status["nodes"]),
+            topology_conf=bed.layout.topology_conf,
+            testbed=bed,
         )
     finally:
         bed.down()

@@ -39,8 +39,15 @@ def test_switches_one_lands_on_the_four_node_leaf(testbed, tmp_path: Path) -> No
 
 def test_two_node_job_sees_its_own_hostnames(testbed, tmp_path: Path) -> None:
     out = tmp_path / "hosts.out"
-    job = sbatch(testbed, "-N2", "--ntasks-per-node=1", "-o", str(out), "--wrap",
-                 "srun bash -c 'echo $SLURM_NODEID $(hostname) $SLURMD_NODENAME'")
+    job = sbatch(
+        testbed,
+        "-N2",
+        "--ntasks-per-node=1",
+        "-o",
+        str(out),
+        "--wrap",
+        "srun bash -c 'echo $SLURM_NODEID $(hostname) $SLURMD_NODENAME'",
+    )
     assert testbed.wait_job(job) == "COMPLETED"
     lines = sorted(out.read_text().split("\n")[:-1])
     assert len(lines) == 2
@@ -66,12 +73,19 @@ def test_sacct_shows_finished_job(testbed, tmp_path: Path) -> None:
 
 def test_status_json_and_env_cli(testbed) -> None:
     cli = [sys.executable, "-m", "air_hpc", "testbed"]
-    status = json.loads(subprocess.run([*cli, "status", "--json", "--state-dir", str(testbed.state_dir)],
-                                       capture_output=True, text=True, check=True).stdout)
+    status = json.loads(
+        subprocess.run(
+            [*cli, "status", "--json", "--state-dir", str(testbed.state_dir)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
     assert status["up"] and len(status["nodes"]) == 8
     assert all(d["alive"] for d in status["daemons"].values())
-    env = subprocess.run([*cli, "env", "--state-dir", str(testbed.state_dir)],
-                         capture_output=True, text=True, check=True).stdout
+    env = subprocess.run(
+        [*cli, "env", "--state-dir", str(testbed.state_dir)], capture_output=True, text=True, check=True
+    ).stdout
     assert env.strip() == f"export SLURM_CONF={testbed.state_dir}/etc/slurm.conf"
 
 
