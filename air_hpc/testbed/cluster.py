@@ -26,7 +26,8 @@ from air_hpc.errors import SlurmError, TestbedError
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.testbed import conf
 from air_hpc.testbed.conf import Layout, Ports
-from air_hpc.testbed.topology import fabric_for, render_topology
+from air_hpc.topology import treeconf
+from air_hpc.topology.synthetic import fat_tree
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +178,7 @@ class Testbed:
 
     def _start(self, leaves: tuple[int, ...], timeout_s: float) -> None:
         lay = self.layout
-        fabric = fabric_for(leaves)
+        fabric = fat_tree(leaves)
         nodes = list(fabric.nodes)
         for directory in (lay.etc, lay.run, lay.log, lay.spool, lay.ctld_state, lay.munge_dir):
             directory.mkdir(parents=True, exist_ok=True)
@@ -189,7 +190,7 @@ class Testbed:
         lay.slurmdbd_conf.write_text(conf.slurmdbd_conf(lay, ports))
         lay.slurmdbd_conf.chmod(0o600)
         lay.cgroup_conf.write_text(conf.cgroup_conf())
-        lay.topology_conf.write_text(render_topology(fabric))
+        lay.topology_conf.write_text(treeconf.render(fabric, header="Written by air-hpc testbed up."))
         lay.hosts.write_text(conf.hosts_file(nodes, socket.gethostname()))
         state: dict[str, Any] = {"leaves": list(leaves), "nodes": nodes, "ports": asdict(ports), "daemons": []}
         deadline = time.monotonic() + timeout_s

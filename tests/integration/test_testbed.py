@@ -21,7 +21,7 @@ def test_up_brings_eight_idle_nodes(testbed) -> None:
     status = testbed.testbed.status()
     assert status["up"]
     assert status["nodes"] == {f"n{i}": "idle" for i in range(1, 9)}
-    assert "SwitchName=leaf2 Nodes=n3,n4,n5,n6" in testbed.topology_conf.read_text()
+    assert "SwitchName=leaf2 Nodes=n[3-6]" in testbed.topology_conf.read_text()
 
 
 def test_up_twice_is_safe(testbed) -> None:
