@@ -71,9 +71,11 @@ def default_state_dir() -> Path:
     return Path(base) / "air-hpc" / "testbed"
 
 
-def missing_packages() -> list[str]:
-    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
-    return sorted({pkg for binary, pkg in REQUIRED_BINARIES.items() if not shutil.which(binary, path=search)})
+def missing_packages(search_path: str | None = None) -> list[str]:
+    """Debian packages whose daemons or tools are not on the search path (PATH plus the sbin dirs)."""
+    if search_path is None:
+        search_path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+    return sorted({pkg for binary, pkg in REQUIRED_BINARIES.items() if not shutil.which(binary, path=search_path)})
 
 
 def free_ports(count: int) -> list[int]:

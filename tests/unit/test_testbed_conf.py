@@ -1,0 +1,73 @@
+"""The testbed's pure parts: config rendering, hosts file, argument checks, package detection."""
+
+from pathlib import Path
+
+import pytest
+
+from air_hpc.cli.testbed_cmd import parse_leaves
+from air_hpc.errors import TestbedError, UserError
+from air_hpc.testbed import Testbed, conf
+from air_hpc.testbed.cluster import free_ports, missing_packages
+
+
+def layout_and_ports(tmp_path: Path) -> tuple[conf.Layout, conf.Ports]:
+    return conf.Layout(tmp_path), conf.Ports(slurmctld=7001, slurmdbd=7002, mariadb=7003, slurmd=(7011, 7012))
+
+
+def test_slurm_conf_keeps_everything_on_loopback_and_under_the_state_dir(tmp_path: Path) -> None:
+    layout, ports = layout_and_ports(tmp_path)
+    text = conf.slurm_conf(layout, ports, ["n1", "n2"], "vm", "airtb")
+    assert "SlurmctldHost=vm(127.0.0.1)" in text
+    assert "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny" in text
+    assert f"AuthInfo=socket={tmp_path}/munge/munge.socket,cred_expire=10" in text
+    assert "SchedulerParameters=sched_interval=2,bf_interval=2" in text
+    assert "TopologyPlugin=topology/tree" in text
+    assert "NodeName=n1 NodeHostname=vm NodeAddr=127.0.0.1 Port=7011" in text
+    assert "NodeName=n2 NodeHostname=vm NodeAddr=127.0.0.1 Port=7012" in text
+    paths = [v for line in text.splitlines() for v in line.split("=")[1:] if v.startswith("/")]
+    assert paths and all(p.startswith(str(tmp_path)) or p == "/bin/true" for p in paths)
+
+
+def test_slurmdbd_conf_points_at_the_private_mariadb(tmp_path: Path) -> None:
+    layout, ports = layout_and_ports(tmp_path)
+    text = conf.slurmdbd_conf(layout, ports)
+    assert "DbdAddr=127.0.0.1" in text and "DbdPort=7002" in text
+    assert "StorageHost=127.0.0.1" in text and "StoragePort=7003" in text
+
+
+def test_hosts_file_maps_every_node_to_loopback() -> None:
+    text = conf.hosts_file(["n1", "n2"], "vm")
+    assert text.splitlines()[0] == "127.0.0.1 localhost n1 n2 vm"
+
+
+@pytest.mark.parametrize("value", ["", "2,,4", "a,b", "2,0"])
+def test_bad_leaves_are_user_errors(value: str) -> None:
+    with pytest.raises(UserError, match="--leaves"):
+        parse_leaves(value)
+
+
+def test_leaves_parse() -> None:
+    assert parse_leaves("2,4,2") == (2, 4, 2)
+
+
+def test_missing_packages_are_named(tmp_path: Path) -> None:
+    assert missing_packages(str(tmp_path)) == sorted(
+        {"munge", "mariadb-server", "slurmdbd", "slurmctld", "slurmd", "slurm-client", "util-linux"}
+    )
+
+
+def test_free_ports_are_distinct() -> None:
+    ports = free_ports(20)
+    assert len(set(ports)) == 20
+
+
+def test_status_and_down_of_a_testbed_that_never_ran(tmp_path: Path) -> None:
+    bed = Testbed(tmp_path)
+    assert bed.status()["up"] is False
+    assert bed.down() == []
+
+
+def test_unreadable_state_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "testbed.json").write_text("{not json")
+    with pytest.raises(TestbedError, match="unreadable testbed state"):
+        Testbed(tmp_path).status()
