@@ -44,6 +44,8 @@ class SlurmUnreachableError(SlurmError):
 class TestbedError(AirHpcError):
     """The embedded Slurm testbed could not be brought up or down."""
 
+    __test__ = False  # not a pytest test class, despite the name
+
 
 class CheckpointError(AirHpcError):
     """A checkpoint is missing, incomplete or corrupt."""
