@@ -1,0 +1,33 @@
+"""Render an :class:`SbatchSpec` through the Jinja2 templates in ``sbatch/``.
+
+Pure: the same spec gives byte-identical text. Undefined template variables are
+errors (StrictUndefined), never empty strings in a script.
+"""
+
+from functools import cache
+from pathlib import Path
+
+import jinja2
+
+from air_hpc.render.quoting import sbatch_value, shell_quote
+from air_hpc.render.spec import SbatchSpec
+
+TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "sbatch"
+JOB_TEMPLATE = "job.sbatch.j2"
+
+
+@cache
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["sh"] = shell_quote
+    env.filters["sbatch"] = lambda value, key: sbatch_value(str(value), key)
+    return env
+
+
+def render_script(spec: SbatchSpec, template: str = JOB_TEMPLATE) -> str:
+    return _environment().get_template(template).render(spec.context)

@@ -1,0 +1,244 @@
+"""SbatchSpec: everything the batch script template needs, as one checked, frozen value.
+
+Built from a resolved :class:`JobConfig` plus an optional :class:`NodeRequest`
+(the topology selection and rank order). The template only formats this value;
+every decision (which environment, which nodes, which command) is made here.
+"""
+
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hostlist
+
+from air_hpc.config.models import JobConfig, SignalName
+from air_hpc.errors import ConfigError
+from air_hpc.exitcodes import REQUEUE_WORTHY, ExitCode
+from air_hpc.render.quoting import check_env_name, slurm_filename
+from air_hpc.rundir import RunDir
+
+#: Batch script output names under the run's logs/ (``%j``: the job id, stable across requeues).
+BATCH_STDOUT = "slurm-%j.out"
+BATCH_STDERR = "slurm-%j.err"
+#: The rank order file the batch script writes for ``srun --distribution=arbitrary``.
+HOSTFILE_NAME = "hostfile"
+#: MASTER_PORT = base + job id modulo span: the same port after a requeue, rarely shared by two jobs.
+MASTER_PORT_BASE = 20000
+MASTER_PORT_SPAN = 20000
+
+
+def batch_log_paths(run_dir: Path, job_id: str) -> tuple[Path, Path]:
+    """The batch script's stdout and stderr files of one job."""
+    logs = RunDir(run_dir).logs
+    return logs / BATCH_STDOUT.replace("%j", job_id), logs / BATCH_STDERR.replace("%j", job_id)
+
+
+@dataclass(frozen=True)
+class NodeRequest:
+    """Which nodes to ask Slurm for; made from a topology selection and placement."""
+
+    nodelist: str | None = None
+    """Hostlist expression pinned with ``--nodelist``."""
+    switches: int | None = None
+    """Leaf switches to ask for with ``--switches`` when nodes are not pinned."""
+    rank_hosts: tuple[str, ...] = ()
+    """One host per rank, in rank order (written to ``SLURM_HOSTFILE``); empty: Slurm's block order."""
+    exclude: str | None = None
+    """Hostlist expression to keep out of the allocation (``--exclude``), e.g. known bad nodes."""
+
+
+@dataclass(frozen=True)
+class SbatchSpec:
+    job_name: str
+    run_dir: Path
+    nodes: int
+    tasks_per_node: int
+    cpus_per_task: int
+    gpus_per_node: int
+    mem_gb: int | None
+    time_limit_min: int
+    exclusive: bool
+    partition: str | None
+    account: str | None
+    qos: str | None
+    reservation: str | None
+    constraint: str | None
+    signal: SignalName
+    signal_lead_s: int
+    max_restarts: int
+    switches_wait_min: int
+    step_command: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    """Sorted (name, value) pairs exported before the step starts."""
+    request: NodeRequest = NodeRequest()
+    container_image: str | None = None
+    container_mounts: tuple[str, ...] = ()
+    requeue_codes: tuple[int, ...] = field(default=tuple(sorted(int(c) for c in REQUEUE_WORTHY)))
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+    @property
+    def output_pattern(self) -> str:
+        return f"{slurm_filename(str(RunDir(self.run_dir).logs))}/{BATCH_STDOUT}"
+
+    @property
+    def error_pattern(self) -> str:
+        return f"{slurm_filename(str(RunDir(self.run_dir).logs))}/{BATCH_STDERR}"
+
+    @property
+    def time_limit(self) -> str:
+        return slurm_duration(self.time_limit_min)
+
+    @property
+    def switches(self) -> str | None:
+        if self.request.nodelist or not self.request.switches:
+            return None
+        return f"{self.request.switches}@{slurm_duration(self.switches_wait_min)}"
+
+    @property
+    def exports_master(self) -> bool:
+        """MASTER_ADDR/PORT are derived in the script unless the user set them."""
+        names = {name for name, _ in self.env}
+        return not names & {"MASTER_ADDR", "MASTER_PORT"}
+
+    @property
+    def context(self) -> dict[str, object]:
+        """The template's variables; exit codes come from the one contract in ``air_hpc.exitcodes``."""
+        return {
+            "spec": self,
+            "exit_ok": int(ExitCode.OK),
+            "master_port_base": MASTER_PORT_BASE,
+            "master_port_span": MASTER_PORT_SPAN,
+            "hostfile_name": HOSTFILE_NAME,
+        }
+
+
+def slurm_duration(minutes: int) -> str:
+    """Minutes as Slurm's ``D-HH:MM:SS`` (days only when needed)."""
+    days, rest = divmod(minutes, 24 * 60)
+    hours, mins = divmod(rest, 60)
+    clock = f"{hours:02d}:{mins:02d}:00"
+    return f"{days}-{clock}" if days else clock
+
+
+def job_environment(job: JobConfig) -> dict[str, str]:
+    """Environment per hardware profile, then derived settings, then the user's ``env:`` (which wins)."""
+    hw = job.hardware
+    env: dict[str, str] = {}
+    if hw.hcas:
+        env["NCCL_IB_HCA"] = "=" + ",".join(hw.hcas)
+    env.update(hw.nccl_env)
+    if hw.device == "cuda":
+        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        if job.parallel.tp > 1:
+            # Megatron's TP communication overlap needs kernels queued in issue order.
+            env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    env["OMP_NUM_THREADS"] = str(job.resources.cpus_per_task)
+    env.update(job.env)
+    for name in env:
+        check_env_name(name, f"env.{name}")
+    return env
+
+
+def default_python(job: JobConfig) -> str:
+    if job.container is not None:
+        return job.container.python
+    return job.cluster.python or sys.executable
+
+
+def training_command(python: str, run_dir: Path) -> tuple[str, ...]:
+    return (python, "-m", "air_hpc.launch", str(run_dir))
+
+
+def build_spec(
+    job: JobConfig,
+    request: NodeRequest | None = None,
+    *,
+    python: str | None = None,
+    step_command: Sequence[str] | None = None,
+    extra_env: Mapping[str, str] | None = None,
+) -> SbatchSpec:
+    """Turn a resolved job (and the nodes chosen for it) into a spec.
+
+    ``python`` overrides the interpreter (default: the container's, the
+    cluster's, else this one); ``step_command`` replaces the training step
+    (tests run small payloads through the same script).
+    """
+    request = request or NodeRequest()
+    _check_request(job, request)
+    run_dir = job.run.dir
+    command = tuple(step_command) if step_command else training_command(python or default_python(job), run_dir)
+    for name in extra_env or {}:
+        check_env_name(name, f"env.{name}")
+    env = {**job_environment(job), **(extra_env or {})}
+    res, cluster, resil = job.resources, job.cluster, job.resilience
+    container = job.container
+    mounts: tuple[str, ...] = ()
+    if container is not None:
+        for bad in (",", ":"):
+            if bad in str(run_dir):
+                raise ConfigError(
+                    f"run.root/run.name: {str(run_dir)!r} contains {bad!r}, which pyxis mounts cannot hold"
+                )
+        for mount in container.mounts:
+            if "," in mount:
+                raise ConfigError(f"container.mounts: {mount!r} contains ',', which separates pyxis mounts")
+        mounts = tuple(sorted({*container.mounts, f"{run_dir}:{run_dir}"}))
+    return SbatchSpec(
+        job_name=job.run.name,
+        run_dir=run_dir,
+        nodes=res.nodes,
+        tasks_per_node=res.tasks_per_node,
+        cpus_per_task=res.cpus_per_task,
+        gpus_per_node=job.hardware.gpus_per_node if job.hardware.device == "cuda" else 0,
+        mem_gb=res.mem_gb,
+        time_limit_min=res.time_limit_min,
+        exclusive=cluster.exclusive,
+        partition=cluster.partition,
+        account=cluster.account,
+        qos=cluster.qos,
+        reservation=cluster.reservation,
+        constraint=cluster.constraint,
+        signal=resil.signal,
+        signal_lead_s=resil.signal_lead_s,
+        max_restarts=resil.max_restarts,
+        switches_wait_min=job.placement.switches_wait_min,
+        step_command=command,
+        env=tuple(sorted(env.items())),
+        request=request,
+        container_image=container.image if container else None,
+        container_mounts=mounts,
+    )
+
+
+def _check_request(job: JobConfig, request: NodeRequest) -> None:
+    """A selection must agree with resources.nodes, the single source of truth for the node count."""
+    res = job.resources
+    if request.rank_hosts:
+        if len(request.rank_hosts) != res.world_size:
+            raise ConfigError(
+                f"placement: rank order has {len(request.rank_hosts)} ranks, "
+                f"resources give {res.world_size} ({res.nodes} nodes x {res.tasks_per_node})"
+            )
+        per_host: dict[str, int] = {}
+        for host in request.rank_hosts:
+            per_host[host] = per_host.get(host, 0) + 1
+        if len(per_host) != res.nodes or set(per_host.values()) != {res.tasks_per_node}:
+            raise ConfigError(
+                f"placement: rank order must put {res.tasks_per_node} ranks on each of {res.nodes} nodes, "
+                f"got {dict(sorted(per_host.items()))}"
+            )
+        if not request.nodelist:
+            raise ConfigError("placement: a rank order needs pinned nodes (placement.pin_nodes: true)")
+        pinned = set(hostlist.expand_hostlist(request.nodelist))
+        if set(per_host) != pinned:
+            raise ConfigError(
+                f"placement: rank order hosts {sorted(per_host)} differ from the pinned nodes {request.nodelist}"
+            )
+    if request.nodelist and len(hostlist.expand_hostlist(request.nodelist)) != res.nodes:
+        raise ConfigError(f"placement: nodelist {request.nodelist} does not have resources.nodes = {res.nodes} nodes")
+    if request.switches is not None and not 1 <= request.switches <= res.nodes:
+        raise ConfigError(f"placement: --switches={request.switches} must be between 1 and {res.nodes}")
