@@ -1,0 +1,230 @@
+"""Sync and async checkpoint saves and the resume at start, as the training loop drives them.
+
+All methods are collective: every rank calls them at the same step.
+
+Async save: the ranks plan the save together (Megatron ``dist_checkpointing``),
+stage their shards in host memory (GPU tensors are copied to the host; on the
+CPU a ``fork`` gives the writer a copy-on-write snapshot), and a forked writer
+process per rank writes and fsyncs them while training continues. At each
+:meth:`Checkpointer.poll` the ranks agree (one all-reduce) whether every writer
+has finished; then they finalize together (``.metadata``), and rank 0 commits
+in a background thread: hashes, manifest, rename, ``latest``. So ``latest``
+moves only once the data is durable, and a new save first waits for the
+previous one. A preemption save passes ``sync=True`` and returns only after the
+commit, on every rank (an early exit of one rank would let ``srun`` kill the
+committing one).
+"""
+
+import logging
+import multiprocessing
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from air_hpc.errors import CheckpointError
+from air_hpc.resilience import state
+from air_hpc.resilience.events import EventLog
+from air_hpc.resilience.signals import agree
+from air_hpc.resilience.store import Check, CheckpointStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    step: int
+    request: Any
+    process: Any
+    started_s: float
+    stall_s: float
+    reason: str
+
+
+class Checkpointer:
+    """Saves and resumes one run's state through a :class:`CheckpointStore`."""
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        events: EventLog | None,
+        async_save: bool,
+        *,
+        device: str = "cpu",
+        verify: Check = "sha256",
+        async_blocker: str | None = None,
+    ) -> None:
+        """``async_blocker``: why async saving cannot be used here (then every save is synchronous)."""
+        import torch.distributed as dist
+
+        self.store = store
+        self.events = events
+        self.device = device
+        self.verify = verify
+        self.rank = dist.get_rank()
+        self.async_save = async_save and async_blocker is None
+        self._pending: _Pending | None = None
+        self._commit: threading.Thread | None = None
+        self._commit_error: BaseException | None = None
+        if async_save and async_blocker is not None:
+            log.warning("async checkpoint saves are off: %s; every save blocks training", async_blocker)
+        elif self.rank == 0:
+            log.info("checkpoint saves: %s", "async (forked writer per rank)" if self.async_save else "synchronous")
+
+    # -- saving -------------------------------------------------------------------------------
+    def save(
+        self,
+        step: int,
+        model_chunks: Sequence[Any],
+        optimizer: Any,
+        scheduler: Any,
+        extra: dict[str, Any],
+        *,
+        sync: bool = False,
+        reason: str = "interval",
+    ) -> None:
+        """Save ``step``; async unless ``sync`` or async is off. Returns when training may continue."""
+        import torch.distributed as dist
+
+        self.wait()
+        started = time.perf_counter()
+        if self.rank == 0:
+            self.store.begin(step)
+        dist.barrier()
+        staging = self.store.staging_dir(step)
+        request = state.prepare_save(staging, step, model_chunks, optimizer, scheduler, extra)
+        if sync or not self.async_save:
+            state.run_request(request, stage_to_host=self.device == "cuda")
+            self._finish(_Pending(step, request, None, started, 0.0, reason), sync=True)
+            dist.barrier()
+            return
+        args = list(request.async_fn_args)
+        if self.device == "cuda" and request.preload_fn is not None:
+            args[1] = request.preload_fn()
+        process = None
+        if request.async_fn is not None:
+            process = multiprocessing.get_context("fork").Process(
+                target=request.async_fn, args=args, kwargs=request.async_fn_kwargs, daemon=False
+            )
+            process.start()
+        self._pending = _Pending(step, request, process, started, time.perf_counter() - started, reason)
+
+    def poll(self) -> bool:
+        """Call once per step on every rank: finalizes an async save whose writers all finished."""
+        pending = self._pending
+        if pending is None:
+            return False
+        alive = pending.process is not None and pending.process.is_alive()
+        if agree(alive):
+            return False
+        self._pending = None
+        self._finish(pending, sync=False)
+        return True
+
+    def wait(self) -> None:
+        """Block until the in-flight save (if any) is durable and committed."""
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            self._finish(pending, sync=False)
+        if self._commit is not None:
+            self._commit.join()
+            self._commit = None
+        if self._commit_error is not None:
+            error, self._commit_error = self._commit_error, None
+            raise CheckpointError(f"committing the previous checkpoint failed: {error}") from error
+
+    def close(self) -> None:
+        self.wait()
+
+    def _finish(self, pending: _Pending, sync: bool) -> None:
+        if pending.process is not None:
+            pending.process.join()
+        failed = pending.process is not None and pending.process.exitcode != 0
+        if agree(failed):
+            if self.rank == 0:
+                self._emit("checkpoint_failed", step=pending.step, why="a writer process failed")
+            raise CheckpointError(f"saving step {pending.step}: a rank's writer process failed (see its log)")
+        state.finalize_request(pending.request)
+        if self.rank != 0:
+            return
+        if sync:
+            self._commit_and_report(pending, sync=True)
+        else:
+            self._commit = threading.Thread(
+                target=self._commit_in_background, args=(pending,), name="checkpoint-commit", daemon=False
+            )
+            self._commit.start()
+
+    def _commit_in_background(self, pending: _Pending) -> None:
+        try:
+            self._commit_and_report(pending, sync=False)
+        except BaseException as exc:
+            log.exception("committing step %d failed", pending.step)
+            self._commit_error = exc
+
+    def _commit_and_report(self, pending: _Pending, sync: bool) -> None:
+        path = self.store.commit(pending.step)
+        manifest = self.store.verify(pending.step, check="size")
+        seconds = time.perf_counter() - pending.started_s
+        self._emit(
+            "checkpoint_saved",
+            step=pending.step,
+            bytes=manifest.bytes,
+            seconds=round(seconds, 4),
+            stall_s=round(seconds if sync else pending.stall_s, 4),
+            path=str(path),
+            reason=pending.reason,
+            **{"async": not sync},
+        )
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        if self.events is not None:
+            self.events.emit(kind, **fields)
+
+    # -- resuming -----------------------------------------------------------------------------
+    def find_resume_step(self) -> int | None:
+        """Rank 0 picks the newest checkpoint that verifies and tells everyone (one broadcast)."""
+        import torch
+        import torch.distributed as dist
+
+        value = -1
+        if self.rank == 0:
+            resolution = self.store.resolve(check=self.verify)
+            for path in resolution.partial:
+                self._emit("checkpoint_partial", path=str(path), why="save did not finish; ignored")
+            for step, why in resolution.skipped:
+                self._emit("checkpoint_skipped", step=step, why=why)
+            value = -1 if resolution.step is None else resolution.step
+        device = torch.device("cuda", torch.cuda.current_device()) if self.device == "cuda" else torch.device("cpu")
+        tensor = torch.tensor([value], dtype=torch.int64, device=device)
+        dist.broadcast(tensor, src=0)
+        step = int(tensor.item())
+        return None if step < 0 else step
+
+    def resume(
+        self,
+        model_chunks: Sequence[Any],
+        optimizer: Any,
+        scheduler: Any,
+        reseed: Callable[[int], None] | None = None,
+    ) -> state.Loaded | None:
+        """Load the newest good checkpoint, or return None on the first start (resume is the normal start)."""
+        step = self.find_resume_step()
+        if step is None:
+            if self.rank == 0:
+                log.info("no checkpoint to resume from in %s: starting from scratch", self.store.root)
+            return None
+        started = time.perf_counter()
+        loaded = state.load(self.store.path(step), model_chunks, optimizer, scheduler, reseed=reseed)
+        if self.rank == 0:
+            self._emit(
+                "resume",
+                step=loaded.step,
+                seconds=round(time.perf_counter() - started, 4),
+                layout_changed=loaded.layout_changed,
+                rng_restored=loaded.rng_restored,
+                saved_layout=str(loaded.saved_layout),
+            )
+        return loaded

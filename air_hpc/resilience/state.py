@@ -1,0 +1,344 @@
+"""What a checkpoint holds, in Megatron-core's ``dist_checkpointing`` (``torch_dist``) format.
+
+- model chunks and optimizer state as sharded tensors: each rank writes its own
+  shards, and a different TP/PP/DP layout can load them (resharding);
+- per-rank RNG state (python, numpy, torch CPU, torch CUDA, Megatron's RNG
+  tracker) as one row of a ``[world_size, n]`` uint8 tensor holding JSON, keyed
+  by global rank. Restored only when the layout is unchanged; otherwise it is
+  re-derived from the step and :class:`Loaded` says so;
+- progress (step, consumed samples, the caller's ``extra``), the LR scheduler
+  state and the layout in ``air_hpc_state.json``, written by rank 0.
+
+Nothing of ours is pickled, and :func:`load` checks every pickle the library
+would read with a restricted loader first (:mod:`air_hpc.resilience.safe_load`).
+"""
+
+import base64
+import contextlib
+import json
+import logging
+import random
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from air_hpc.config.layout import ParallelLayout
+from air_hpc.errors import CheckpointError
+from air_hpc.resilience.safe_load import check_checkpoint
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "air_hpc_state.json"
+STATE_FORMAT = 1
+RNG_KEY = "air_hpc.rng_state"
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What :func:`load` restored besides the tensors."""
+
+    step: int
+    extra: dict[str, Any]
+    saved_layout: ParallelLayout
+    layout_changed: bool
+    rng_restored: bool
+
+
+def current_layout() -> ParallelLayout:
+    """The layout Megatron's parallel state was initialised with (read only)."""
+    from megatron.core import parallel_state as ps
+
+    vpp = ps.get_virtual_pipeline_model_parallel_world_size()
+    return ParallelLayout(
+        tp=ps.get_tensor_model_parallel_world_size(),
+        pp=ps.get_pipeline_model_parallel_world_size(),
+        dp=ps.get_data_parallel_world_size(),
+        vpp=vpp if vpp and vpp > 1 else None,
+    )
+
+
+def sharded_state_dict(
+    model_chunks: Sequence[Any], optimizer: Any, rng_row: Any | None, *, is_loading: bool
+) -> dict[str, Any]:
+    """Model and optimizer as Megatron sharded state, plus this rank's RNG row when given."""
+    state: dict[str, Any] = {}
+    for key, chunk in _model_keys(model_chunks):
+        state[key] = chunk.sharded_state_dict()
+    state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=is_loading)
+    if rng_row is not None:
+        state[RNG_KEY] = rng_row
+    return state
+
+
+def _model_keys(model_chunks: Sequence[Any]) -> list[tuple[str, Any]]:
+    """``model`` (or ``model0``, ``model1``, ... with virtual stages) -> the chunk inside its DDP wrapper.
+
+    Unwrapping keeps the checkpoint's tensor names free of wrapper prefixes, so a checkpoint
+    does not depend on DDP (or on the bf16 wrapper, which adds none).
+    """
+    from megatron.core.distributed import DistributedDataParallel
+
+    inner = [c.module if isinstance(c, DistributedDataParallel) else c for c in model_chunks]
+    if len(inner) == 1:
+        return [("model", inner[0])]
+    return [(f"model{i}", chunk) for i, chunk in enumerate(inner)]
+
+
+# -- RNG as data -------------------------------------------------------------------------------
+def _b64(tensor: Any) -> str:
+    return base64.b64encode(tensor.cpu().numpy().tobytes()).decode()
+
+
+def _unb64(text: str) -> Any:
+    import torch
+
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
+
+
+def capture_rng() -> dict[str, Any]:
+    """This rank's generator states as JSON-able data."""
+    import numpy as np
+    import torch
+    from megatron.core import tensor_parallel
+
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],
+        "torch": _b64(torch.get_rng_state()),
+        "cuda": _b64(torch.cuda.get_rng_state()) if torch.cuda.is_available() and torch.cuda.is_initialized() else None,
+        "tracker": {name: _b64(s) for name, s in tensor_parallel.get_cuda_rng_tracker().get_states().items()},
+    }
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    import numpy as np
+    import torch
+    from megatron.core import tensor_parallel
+
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(_unb64(state["torch"]))
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(_unb64(state["cuda"]))
+    tracker = tensor_parallel.get_cuda_rng_tracker()
+    tracker.set_states({name: _unb64(s) for name, s in state["tracker"].items()})
+
+
+def reseed_all(value: int) -> None:
+    """Default re-derivation after a layout change: every generator from ``value`` (+ Megatron's offsets)."""
+    import numpy as np
+    import torch
+    from megatron.core import tensor_parallel
+
+    tensor_parallel.model_parallel_cuda_manual_seed(value)
+    random.seed(value)
+    np.random.seed(value)
+    torch.manual_seed(value)
+
+
+def _rng_row(rank: int, world: int, length: int | None = None) -> tuple[Any, int]:
+    """This rank's RNG JSON as row ``rank`` of a ``[world, length]`` uint8 ShardedTensor.
+
+    All ranks must agree on ``length`` (the global shape): the longest row, found with one
+    MAX all-reduce when saving; read from the state file when loading.
+    """
+    import torch
+    import torch.distributed as dist
+    from megatron.core.dist_checkpointing import ShardedTensor
+
+    payload = json.dumps(capture_rng()).encode()
+    if length is None:
+        size = torch.tensor([len(payload)], dtype=torch.int64, device=_collective_device())
+        dist.all_reduce(size, op=dist.ReduceOp.MAX)
+        length = int(size.item())
+    data = torch.full((1, length), ord(" "), dtype=torch.uint8)
+    data[0, : len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    row = ShardedTensor.from_rank_offsets(RNG_KEY, data, (0, rank, world), replica_id=0)
+    return row, length
+
+
+def _collective_device() -> Any:
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+# -- save / load -------------------------------------------------------------------------------
+def write_state_file(
+    directory: Path, step: int, layout: ParallelLayout, scheduler: Any, extra: dict[str, Any], rng_len: int
+) -> None:
+    """Rank 0: progress, scheduler and layout as JSON (fsynced by the store's commit)."""
+    doc = {
+        "format": STATE_FORMAT,
+        "step": step,
+        "layout": {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "vpp": layout.vpp},
+        "rng_row_bytes": rng_len,
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "extra": extra,
+    }
+    (directory / STATE_FILE).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def read_state_file(directory: Path) -> dict[str, Any]:
+    path = directory / STATE_FILE
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{path}: missing (not an air-hpc checkpoint)") from exc
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}: not JSON ({exc})") from exc
+    if doc.get("format") != STATE_FORMAT:
+        raise CheckpointError(f"{path}: format {doc.get('format')!r}, expected {STATE_FORMAT}")
+    return dict(doc)
+
+
+def prepare_save(
+    directory: Path,
+    step: int,
+    model_chunks: Sequence[Any],
+    optimizer: Any,
+    scheduler: Any,
+    extra: dict[str, Any],
+    layout: ParallelLayout | None = None,
+) -> Any:
+    """Plan a save of this rank's state into ``directory`` (all ranks); returns Megatron's AsyncRequest.
+
+    The request's ``async_fn`` writes the shards (run it here for a sync save, or in a
+    forked process for an async one); its finalize functions are collectives.
+    Rank 0 has already written ``common.pt`` and the JSON state file when this returns.
+    """
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+
+    layout = layout or current_layout()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    row, rng_len = _rng_row(rank, world)
+    state = sharded_state_dict(model_chunks, optimizer, row, is_loading=False)
+    request = dist_checkpointing.save(state, str(directory), async_sharded_save=True)
+    if rank == 0:
+        write_state_file(directory, step, layout, scheduler, extra, rng_len)
+    return request
+
+
+def save(
+    directory: Path,
+    model_chunks: Sequence[Any],
+    optimizer: Any,
+    scheduler: Any,
+    extra: dict[str, Any],
+    *,
+    step: int,
+    layout: ParallelLayout | None = None,
+) -> None:
+    """Synchronous save of all ranks' state into ``directory`` (collective; returns when written)."""
+    request = prepare_save(directory, step, model_chunks, optimizer, scheduler, extra, layout)
+    run_request(request)
+    finalize_request(request)
+
+
+def run_request(request: Any, stage_to_host: bool = False) -> None:
+    """Write this rank's shards now, in this process."""
+    args = list(request.async_fn_args)
+    if stage_to_host and request.preload_fn is not None:
+        args[1] = request.preload_fn()
+    if request.async_fn is not None:
+        request.async_fn(*args, **request.async_fn_kwargs)
+
+
+def finalize_request(request: Any) -> None:
+    """Collective: gather the write results, rank 0 writes ``.metadata`` and ``metadata.json``."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    with _finalize_on_cpu():
+        for fn in request.finalize_fns:
+            fn()
+
+
+#: The text in Megatron's finalize that needs a CUDA device; the unit test fails when it goes away.
+FINALIZE_CUDA_EVIDENCE = "device=torch.cuda.current_device()"
+
+
+@contextlib.contextmanager
+def _finalize_on_cpu() -> Iterator[None]:
+    """Megatron's save finalize puts its failure flag on ``torch.cuda.current_device()``.
+
+    Without CUDA (gloo ranks) that module sees a ``torch`` whose current device is the CPU,
+    for the duration of the finalize only. The rest of the CPU layer is ``air_hpc.train.cpu_compat``.
+    """
+    import torch
+    from megatron.core.dist_checkpointing.strategies import state_dict_saver
+
+    if torch.cuda.is_available():
+        yield
+        return
+    original = state_dict_saver.torch
+    state_dict_saver.torch = _CpuDeviceTorch()
+    try:
+        yield
+    finally:
+        state_dict_saver.torch = original
+
+
+class _CpuDeviceTorch:
+    def __init__(self) -> None:
+        import torch
+
+        self.cuda = SimpleNamespace(current_device=lambda: torch.device("cpu"))
+
+    def __getattr__(self, name: str) -> Any:
+        import torch
+
+        return getattr(torch, name)
+
+
+def load(
+    directory: Path,
+    model_chunks: Sequence[Any],
+    optimizer: Any,
+    scheduler: Any,
+    *,
+    layout: ParallelLayout | None = None,
+    reseed: Callable[[int], None] | None = None,
+) -> Loaded:
+    """Load ``directory`` into this rank's model, optimizer and scheduler (collective).
+
+    With the same layout every rank gets its RNG state back (bit-exact resume). With a
+    different one the shards are resharded and the RNG is re-derived with
+    ``reseed(step)`` (default :func:`reseed_all`).
+    """
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+
+    layout = layout or current_layout()
+    doc = read_state_file(directory)
+    saved = ParallelLayout(**doc["layout"])
+    same = saved == layout
+    check_checkpoint(directory)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    row = _rng_row(rank, world, int(doc["rng_row_bytes"]))[0] if same else None
+    state = sharded_state_dict(model_chunks, optimizer, row, is_loading=True)
+    loaded = dist_checkpointing.load(state, str(directory))
+    for key, chunk in _model_keys(model_chunks):
+        chunk.load_state_dict(loaded[key])
+    optimizer.load_state_dict(loaded["optimizer"])
+    if scheduler is not None and doc["scheduler"] is not None:
+        scheduler.load_state_dict(doc["scheduler"])
+    step = int(doc["step"])
+    if same:
+        payload = loaded[RNG_KEY].reshape(-1).numpy().tobytes()
+        restore_rng(json.loads(payload))
+    else:
+        log.warning("layout changed from %s to %s: resharded; RNG re-derived from step %d", saved, layout, step)
+        (reseed or reseed_all)(step)
+    return Loaded(step=step, extra=dict(doc["extra"]), saved_layout=saved, layout_changed=not same, rng_restored=same)
