@@ -84,11 +84,11 @@ class TrainingEntry(submitit.helpers.Checkpointable):
         job = run_dir.read_job()
         for key, value in job.env.items():
             os.environ.setdefault(key, value)
+        trainer.validate(job)
         env = current_dist_env(os.environ)
         handler = metrics.setup_rank_logging(run_dir.rank_log(env.rank), env.rank)
         try:
             log.info("rank %d of %d on %s (local rank %d)", env.rank, env.world_size, env.hostname, env.local_rank)
-            trainer.validate(job)
             on_cpu = job.hardware.device == "cpu"
             _apply_thread_limit(os.environ)
             with contextlib.ExitStack() as stack:

@@ -267,12 +267,18 @@ class TokenSamples:
         self._file: h5py.File | None = None
         self._order: tuple[int, np.ndarray[Any, Any]] | None = None
         self._window = np.arange(seq_len + 1, dtype=np.int64)
-        self.num_samples = 0
+        self._num_samples = 0
+
+    @property
+    def num_samples(self) -> int:
+        """Whole samples in one pass over the corpus."""
+        self._open()
+        return self._num_samples
 
     def _open(self) -> np.ndarray[Any, Any] | h5py.Dataset:
         if self._tokens is None:
             info = inspect(self.path)
-            self.num_samples = (info.tokens - 1) // self.seq_len
+            self._num_samples = (info.tokens - 1) // self.seq_len
             fh = h5py.File(self.path, "r")
             dataset = fh["tokens"]
             offset = dataset.id.get_offset()

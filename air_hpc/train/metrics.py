@@ -82,11 +82,23 @@ def model_flops_utilization(tokens_per_s: float, per_token: float, peak_per_devi
     return tokens_per_s * per_token / (peak_per_device * devices)
 
 
+class RankFormatter(logging.Formatter):
+    """Puts the time, rank, level and logger on every line, continuation lines of a record included."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__()
+        self.rank = rank
+
+    def format(self, record: logging.LogRecord) -> str:
+        header = f"{self.formatTime(record)} rank={self.rank} {record.levelname} {record.name}: "
+        return "\n".join(header + line for line in super().format(record).splitlines() or [""])
+
+
 def setup_rank_logging(log_file: Path, rank: int, level: int = logging.INFO) -> logging.Handler:
     """Send this process's log records to ``log_file`` with the rank on every line."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(log_file, encoding="utf-8")
-    handler.setFormatter(logging.Formatter(f"%(asctime)s rank={rank} %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(RankFormatter(rank))
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(level)

@@ -1,0 +1,63 @@
+"""Who a rank is: Slurm/submitit environment parsing, placement rank order, chunk stage roles."""
+
+from pathlib import Path
+
+import pytest
+
+from air_hpc.config.layout import ParallelLayout
+from air_hpc.errors import ConfigError
+from air_hpc.launch.entry import current_dist_env, dist_env_from_slurm, master_port_for
+from air_hpc.train.parallel import DistEnv, ParallelContext, apply_rank_order, rank_from_hostfile
+
+SLURM = {
+    "SLURM_PROCID": "3",
+    "SLURM_NTASKS": "4",
+    "SLURM_LOCALID": "1",
+    "SLURM_JOB_ID": "77",
+    "SLURM_JOB_NODELIST": "n[3-4]",
+    "SLURMD_NODENAME": "n4",
+}
+
+
+def test_slurm_env_gives_rank_world_and_first_node_as_master() -> None:
+    env = dist_env_from_slurm(SLURM)
+    assert env == DistEnv(3, 4, 1, "n3", master_port_for("77"), "n4")
+    assert master_port_for("77") == master_port_for("77") != master_port_for("78")
+
+
+def test_explicit_master_wins() -> None:
+    env = dist_env_from_slurm({**SLURM, "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})
+    assert (env.master_addr, env.master_port) == ("10.0.0.1", 29500)
+
+
+def test_outside_slurm_is_a_one_line_config_error() -> None:
+    with pytest.raises(ConfigError, match="SLURM_PROCID is not set"):
+        dist_env_from_slurm({})
+
+
+def test_rank_from_hostfile_counts_slots_per_host() -> None:
+    hosts = ["n2", "n2", "n1", "n1"]
+    assert [rank_from_hostfile(hosts, h, lr) for h, lr in [("n2", 0), ("n2", 1), ("n1", 0), ("n1", 1)]] == [0, 1, 2, 3]
+    with pytest.raises(ConfigError, match="1 slot"):
+        rank_from_hostfile(["n1", "n2"], "n1", 1)
+
+
+def test_rank_order_renumbers_and_moves_the_master(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("n4\nn4\nn3\nn3\n")
+    env = current_dist_env({**SLURM, "SLURM_HOSTFILE": str(hostfile)})
+    assert (env.rank, env.master_addr) == (1, "n4")
+    arbitrary = DistEnv(1, 4, 1, "n4", 1, "n4")
+    assert apply_rank_order(arbitrary, ["n4", "n4", "n3", "n3"]) == arbitrary
+    with pytest.raises(ConfigError, match="lists 2 ranks"):
+        apply_rank_order(arbitrary, ["n4", "n3"])
+
+
+def test_virtual_stages_first_and_last_chunks() -> None:
+    layout = ParallelLayout(tp=1, pp=2, dp=1, vpp=2)
+    first = ParallelContext(layout, 0, 0, 0, 0, None, "gloo")
+    last = ParallelContext(layout, 1, 0, 1, 0, None, "gloo")
+    assert [first.chunk_is_first(c) for c in range(2)] == [True, False]
+    assert [first.chunk_is_last(c) for c in range(2)] == [False, False]
+    assert [last.chunk_is_last(c) for c in range(2)] == [False, True]
+    assert last.writes_metrics and not first.writes_metrics
