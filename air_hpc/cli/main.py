@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "testbed": "air_hpc.cli.testbed_cmd:testbed",
     "data": "air_hpc.cli.data_cmd:data",
     "ckpt": "air_hpc.cli.ckpt_cmd:ckpt",
+    "topo": "air_hpc.cli.topo_cmd:topo",
 }
 
 

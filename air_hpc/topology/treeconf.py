@@ -87,6 +87,13 @@ def parse(text: str, source_name: str) -> Fabric:
     return build_fabric(specs, source_name)
 
 
+def read_any(text: str, source_name: str) -> Fabric:
+    """A tree or a block topology.conf (told apart by ``BlockName=``), as a fabric for selection."""
+    if re.search(r"^\s*BlockName=", text, re.IGNORECASE | re.MULTILINE):
+        return parse_block(text, source_name).to_fabric()
+    return parse(text, source_name)
+
+
 def render(fabric: Fabric, header: str = "") -> str:
     """topology.conf text: leaves first, then each level up; each switch's comment above its line."""
     lines = [f"# {h}" if h else "#" for h in header.splitlines()]
@@ -238,10 +245,23 @@ def blocks_from_domains(
     )
     if not blocks:
         raise InputError(f"{source or 'NVLink map'}: no node is in an NVLink domain; nothing to write")
-    if block_sizes is None:
-        base = min(len(b.nodes) for b in blocks)
-        sizes = [base]
-        while sizes[-1] * 2 <= base * len(blocks):
-            sizes.append(sizes[-1] * 2)
-        block_sizes = sizes
-    return BlockTopology(blocks=blocks, block_sizes=tuple(block_sizes), source=source)
+    sizes = tuple(block_sizes) if block_sizes is not None else default_block_sizes(blocks)
+    return BlockTopology(blocks=blocks, block_sizes=sizes, source=source)
+
+
+def blocks_from_leaves(fabric: Fabric) -> BlockTopology:
+    """One block per leaf switch: topology/block for fabrics where a leaf (or scalable unit) is the unit to pack."""
+    blocks = tuple(
+        Block(name=f"block{i}", nodes=fabric.switches[leaf].nodes, comment=f"leaf switch {leaf}")
+        for i, leaf in enumerate(fabric.leaves, start=1)
+    )
+    return BlockTopology(blocks=blocks, block_sizes=default_block_sizes(blocks), source=fabric.source)
+
+
+def default_block_sizes(blocks: Sequence[Block]) -> tuple[int, ...]:
+    """The smallest block doubled while that many nodes of blocks exist (as NVIDIA's topograph infers)."""
+    base = min(len(b.nodes) for b in blocks)
+    sizes = [base]
+    while sizes[-1] * 2 <= base * len(blocks):
+        sizes.append(sizes[-1] * 2)
+    return tuple(sizes)

@@ -1,0 +1,444 @@
+"""Turn an ``ibnetdiscover`` capture (default text format) into a :class:`Fabric` Slurm can use.
+
+Real captures are messy, and each quirk has a rule here:
+
+- switch names like ``MF0;A09-P1-IBLEAF-04-04:MQM9701/U1`` become ``A09-P1-IBLEAF-04-04``;
+  switches described only by their model get ``sw-<guid>``;
+- host names are the first word of the HCA description (``dgx-a09-01 mlx5_0``);
+- HCAs described by the adapter (``MT4129 ConnectX7   Mellanox Technologies``)
+  are resolved to a host through a named HCA with the same system image GUID, or
+  through the other rails: a leaf grouped with others serving the same hosts,
+  where every named HCA on the same port number of the sibling leaves belongs to
+  one host. The rest are reported, not guessed;
+- SHARP aggregation nodes, routers, and hosts outside ``--nodes`` / the name
+  pattern (UFM, login, management) are left out and reported;
+- parallel links between two switches count once for the structure;
+- multi-rail pods (each HCA of a node on a different leaf) are grouped: leaves
+  that serve (mostly) the same hosts become one logical leaf, because Slurm
+  needs each node under exactly one leaf. Upper levels are grouped the same way
+  (parallel spines serving the same leaves become one logical spine), and each
+  grouping is described in a comment for topology.conf.
+"""
+
+import logging
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from air_hpc.errors import TopologyError
+from air_hpc.topology import hostlists
+from air_hpc.topology.fabric import Fabric, SwitchSpec, build_fabric
+
+log = logging.getLogger(__name__)
+
+_HEADER_KV = re.compile(r"^(vendid|devid|sysimgguid|switchguid|caguid|rtguid)=(\S+)$")
+_NODE = re.compile(r'^(Switch|Ca|Rt)\s+(\d+)\s+"([SHR]-[0-9a-fA-F]+)"\s*(?:#\s*"(.*)"(.*))?$')
+_PORT = re.compile(
+    r"^\[(\d+)\](?:\[ext \d+\])?(?:\(([0-9a-fA-F]+)\))?\s+"
+    r'"([SHR]-[0-9a-fA-F]+)"\[(\d+)\](?:\[ext \d+\])?(?:\(([0-9a-fA-F]+)\))?\s*(?:#\s*(.*))?$'
+)
+_UNNAMED_HCA = re.compile(r"^\s*$|^MT\d+\b|Mellanox Technologies|ConnectX|^Nvidia\b", re.IGNORECASE)
+_AGGREGATION = re.compile(r"aggregation node", re.IGNORECASE)
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+#: two leaves (or two upper switches) are one logical switch when they share at least this
+#: fraction of the smaller one's hosts (children): rails of one pod share all, a miscabled rail shares ~none
+GROUP_OVERLAP = 0.5
+
+
+@dataclass
+class _Device:
+    guid_id: str
+    kind: str
+    desc: str
+    sysimg: str
+    line: int
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    fabric: Fabric
+    #: one line per thing left out, with the reason (printed on stderr by the CLI)
+    skipped: tuple[str, ...] = ()
+    #: groupings and other decisions worth knowing (also written as comments)
+    notes: tuple[str, ...] = ()
+
+
+@dataclass
+class _Capture:
+    devices: dict[str, _Device] = field(default_factory=dict)
+    #: (device, port) -> (device, port), both directions
+    links: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)
+    #: first line that mentions a link to a device id, for "unknown switch" errors
+    referenced_at: dict[str, int] = field(default_factory=dict)
+
+
+def parse_capture(text: str, source: str) -> _Capture:
+    """Devices and links of the capture; every line must be understood."""
+    cap = _Capture()
+    current: _Device | None = None
+    pending_sysimg = ""
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        where = f"{source}:{number}"
+        kv = _HEADER_KV.match(line)
+        if kv:
+            if kv.group(1) == "vendid":
+                current = None
+            if kv.group(1) == "sysimgguid":
+                pending_sysimg = kv.group(2).lower().removeprefix("0x")
+            continue
+        node = _NODE.match(line)
+        if node:
+            kind, guid_id, desc = node.group(1), node.group(3), node.group(4) or ""
+            if guid_id in cap.devices:
+                raise TopologyError(
+                    f"{where}: device {guid_id} defined twice (first at line {cap.devices[guid_id].line})"
+                )
+            current = _Device(guid_id, kind, " ".join(desc.split()), pending_sysimg, number)
+            cap.devices[guid_id] = current
+            pending_sysimg = ""
+            continue
+        port = _PORT.match(line)
+        if port:
+            if current is None:
+                raise TopologyError(f"{where}: port line outside a Switch/Ca block: {line[:60]!r}")
+            local = (current.guid_id, int(port.group(1)))
+            remote = (port.group(3), int(port.group(4)))
+            known = cap.links.get(local)
+            if known is not None and known != remote:
+                raise TopologyError(
+                    f"{where}: port {local[1]} of {current.guid_id} linked twice ({known[0]} and {remote[0]})"
+                )
+            cap.links[local] = remote
+            cap.links.setdefault(remote, local)
+            cap.referenced_at.setdefault(remote[0], number)
+            continue
+        raise TopologyError(
+            f"{where}: cannot parse {line[:60]!r}; expected an ibnetdiscover line "
+            "(vendid=/switchguid=/caguid=, 'Switch N \"S-..\"', 'Ca N \"H-..\"' or '[port] \"S-..\"[port]')"
+        )
+    if not cap.devices:
+        raise TopologyError(f"{source}: no Switch or Ca entries; is this ibnetdiscover output?")
+    for dev_id, ref_line in cap.referenced_at.items():
+        if dev_id not in cap.devices:
+            raise TopologyError(f"{source}:{ref_line}: link to {dev_id}, which the capture never defines")
+    return cap
+
+
+def switch_name(desc: str, guid_id: str) -> str:
+    """``MF0;A09-P1-IBLEAF-04-04:MQM9701/U1`` -> ``A09-P1-IBLEAF-04-04``; model-only names -> ``sw-<guid>``."""
+    name = desc.split(";")[-1].split(":")[0].strip()
+    if not name or "Mellanox Technologies" in desc or re.fullmatch(r"(MQM|QM|SX|MSB|CS)\d+\S*", name):
+        return "sw-" + guid_id[2:].lower()
+    return _UNSAFE.sub("-", name).strip("-")
+
+
+def host_name(desc: str) -> str:
+    """``dgx-a09-01.cluster mlx5_0`` -> ``dgx-a09-01``."""
+    return desc.split()[0].split(".")[0]
+
+
+def import_ibnetdiscover(
+    text: str,
+    source: str,
+    nodes: Iterable[str] | None = None,
+    node_pattern: str | None = None,
+) -> ImportResult:
+    """Build a fabric of compute nodes; ``nodes`` and/or ``node_pattern`` (a regex) say which hosts count."""
+    cap = parse_capture(text, source)
+    nodes = list(nodes) if nodes is not None else None
+    skipped: list[str] = []
+    notes: list[str] = []
+    keep = _host_filter(nodes, node_pattern, source)
+
+    switches = {d.guid_id: d for d in cap.devices.values() if d.kind == "Switch"}
+    names = _unique_names({sid: switch_name(d.desc, sid) for sid, d in switches.items()})
+
+    # host -> [(switch id, switch port)], every rail of every named host
+    rails: dict[str, list[tuple[str, int]]] = {}
+    unnamed: list[tuple[_Device, str, int]] = []
+    aggregation = 0
+    edge_switches: set[str] = set()
+    host_by_sysimg: dict[str, str] = {}
+    for dev in cap.devices.values():
+        if dev.kind == "Rt":
+            skipped.append(f"router {dev.guid_id} ({dev.desc or 'no description'}): not a compute node")
+            continue
+        if dev.kind != "Ca":
+            continue
+        if _AGGREGATION.search(dev.desc):
+            aggregation += 1
+            continue
+        attached = [(cap.links[(dev.guid_id, p)], p) for (d, p) in list(cap.links) if d == dev.guid_id]
+        for (peer, _), port in attached:
+            if peer not in switches:
+                skipped.append(f"HCA {dev.guid_id} port {port} ({dev.desc}): linked to {peer}, not to a switch")
+        to_switch = [(peer, peer_port) for (peer, peer_port), _ in attached if peer in switches]
+        edge_switches.update(sw for sw, _ in to_switch)
+        if not to_switch:
+            continue
+        if _UNNAMED_HCA.search(dev.desc):
+            unnamed.extend((dev, sw, port) for sw, port in to_switch)
+            continue
+        host = host_name(dev.desc)
+        rails.setdefault(host, []).extend(to_switch)
+        if dev.sysimg:
+            host_by_sysimg.setdefault(dev.sysimg, host)
+    if aggregation:
+        skipped.append(f"{aggregation} SHARP aggregation node(s): switch-internal, not compute nodes")
+
+    still_unnamed: list[tuple[_Device, str, int]] = []
+    for dev, sw, port in unnamed:
+        same_card = host_by_sysimg.get(dev.sysimg) if dev.sysimg else None
+        if same_card is not None:
+            rails[same_card].append((sw, port))
+            notes.append(
+                f"HCA {dev.guid_id} ({dev.desc}) on {names[sw]} port {port}: {same_card} (same system image GUID)"
+            )
+        else:
+            still_unnamed.append((dev, sw, port))
+
+    compute = {h: r for h, r in rails.items() if keep(h)}
+    for host in sorted(set(rails) - set(compute)):
+        ports = ", ".join(f"{names[sw]}[{p}]" for sw, p in rails[host])
+        skipped.append(f"host {host} on {ports}: not a compute node (outside --nodes / pattern)")
+    if nodes is not None:
+        missing = sorted(set(nodes) - set(compute))
+        if missing:
+            skipped.append(f"{len(missing)} listed compute node(s) not in the capture: {hostlists.compress(missing)}")
+    if not compute:
+        raise TopologyError(f"{source}: no compute nodes found (check --nodes / --node-pattern)")
+
+    leaf_groups = _group_switches({h: {sw for sw, _ in r} for h, r in compute.items()})
+    group_of = {sw: i for i, group in enumerate(leaf_groups) for sw in group}
+
+    for dev, sw, port in still_unnamed:
+        by_rail = _host_by_rail(sw, port, group_of, leaf_groups, compute)
+        if by_rail is None:
+            skipped.append(
+                f"HCA {dev.guid_id} ({dev.desc}) on {names[sw]} port {port}: no host name, and neither its system "
+                "image GUID nor the other rails identify one"
+            )
+            continue
+        compute[by_rail].append((sw, port))
+        notes.append(
+            f"HCA {dev.guid_id} ({dev.desc}) on {names[sw]} port {port}: {by_rail} (same port on the other rails)"
+        )
+
+    host_leaf: dict[str, int] = {}
+    for host, host_rails in compute.items():
+        votes = Counter(group_of[sw] for sw, _ in host_rails if sw in group_of)
+        best = max(votes.values())
+        host_leaf[host] = min(g for g, v in votes.items() if v == best)
+        if len(votes) > 1:
+            notes.append(
+                f"{host}: rails on {len(votes)} leaf groups (miscabled?); placed under the one holding "
+                f"{best} of {len(host_rails)} rails"
+            )
+
+    leaf_switches = set(group_of)
+    for sw in sorted(edge_switches - leaf_switches, key=lambda s: names[s]):
+        skipped.append(f"switch {names[sw]}: no compute nodes attached")
+
+    adjacency = _switch_adjacency(cap, switches)
+    specs, level_notes, level_skips = _build_levels(
+        leaf_groups, host_leaf, names, adjacency, exclude=edge_switches - leaf_switches
+    )
+    notes.extend(level_notes)
+    skipped.extend(level_skips)
+    for line in skipped:
+        log.info("skipped: %s", line)
+    return ImportResult(fabric=build_fabric(specs, source), skipped=tuple(skipped), notes=tuple(notes))
+
+
+def _host_filter(nodes: Iterable[str] | None, pattern: str | None, source: str) -> Callable[[str], bool]:
+    wanted = set(nodes) if nodes is not None else None
+    try:
+        regex = re.compile(pattern) if pattern else None
+    except re.error as exc:
+        raise TopologyError(f"{source}: bad --node-pattern {pattern!r}: {exc}") from None
+
+    def keep(host: str) -> bool:
+        return (wanted is None or host in wanted) and (regex is None or regex.fullmatch(host) is not None)
+
+    return keep
+
+
+def _unique_names(names: Mapping[str, str]) -> dict[str, str]:
+    counts = Counter(names.values())
+    return {sid: f"{name}-{sid[2:].lower()}" if counts[name] > 1 else name for sid, name in names.items()}
+
+
+def _group_switches(members_of: Mapping[str, set[str]]) -> list[list[str]]:
+    """Group switches whose member sets overlap by :data:`GROUP_OVERLAP`; members_of maps member -> switches.
+
+    Returns groups in order of first appearance.
+    """
+    size: Counter[str] = Counter()
+    for switches in members_of.values():
+        size.update(switches)
+    shared: Counter[tuple[str, str]] = Counter()
+    for switches in members_of.values():
+        ordered = sorted(switches)
+        for i, a in enumerate(ordered):
+            for b in ordered[i + 1 :]:
+                shared[(a, b)] += 1
+    parent = {sw: sw for sw in size}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for (a, b), n in shared.items():
+        if n >= GROUP_OVERLAP * min(size[a], size[b]):
+            parent[find(a)] = find(b)
+    groups: dict[str, list[str]] = {}
+    for switches in members_of.values():
+        for sw in sorted(switches):
+            members = groups.setdefault(find(sw), [])
+            if sw not in members:
+                members.append(sw)
+    return list(groups.values())
+
+
+def _host_by_rail(
+    sw: str, port: int, group_of: Mapping[str, int], groups: Sequence[list[str]], compute: Mapping[str, list]
+) -> str | None:
+    """The one host seen on ``port`` of every sibling rail leaf of ``sw``, if exactly one."""
+    if sw not in group_of:
+        return None
+    siblings = set(groups[group_of[sw]]) - {sw}
+    seen = {host for host, host_rails in compute.items() for s, p in host_rails if s in siblings and p == port}
+    if len(seen) != 1:
+        return None
+    host = seen.pop()
+    return None if any(s == sw for s, _ in compute[host]) else host
+
+
+def _switch_adjacency(cap: _Capture, switches: Mapping[str, _Device]) -> dict[str, Counter[str]]:
+    """Switch -> neighbour switch -> number of links (parallel links counted, each once)."""
+    adjacency: dict[str, Counter[str]] = {sw: Counter() for sw in switches}
+    for (a, _), (b, _) in cap.links.items():
+        if a in switches and b in switches and a != b:
+            adjacency[a][b] += 1
+    return adjacency
+
+
+def _logical_name(members: Sequence[str], names: Mapping[str, str], fallback: str, taken: set[str]) -> str:
+    """One switch keeps its name; a group gets the common prefix of its members' names (cut at - or _)."""
+    if len(members) == 1:
+        name = names[members[0]]
+    else:
+        labels = [names[m] for m in members]
+        prefix = labels[0]
+        for label in labels[1:]:
+            while not label.startswith(prefix):
+                prefix = prefix[:-1]
+        cut = max(prefix.rfind("-"), prefix.rfind("_"))
+        name = prefix[:cut].rstrip("-_") if cut > 0 else ""
+        name = name or fallback
+    if name in taken:
+        k = 2
+        while f"{name}-{k}" in taken:
+            k += 1
+        name = f"{name}-{k}"
+    taken.add(name)
+    return name
+
+
+def _build_levels(
+    leaf_groups: Sequence[list[str]],
+    host_leaf: Mapping[str, int],
+    names: Mapping[str, str],
+    adjacency: Mapping[str, Counter[str]],
+    exclude: set[str],
+) -> tuple[list[SwitchSpec], list[str], list[str]]:
+    """Logical leaves, then each level above: parallel switches over the same children become one."""
+    specs: list[SwitchSpec] = []
+    notes: list[str] = []
+    skips: list[str] = []
+    taken: set[str] = set()
+    hosts_of: dict[int, list[str]] = {}
+    for host, g in host_leaf.items():
+        hosts_of.setdefault(g, []).append(host)
+    #: physical switch of the level just built -> the logical switch it belongs to
+    frontier: dict[str, str] = {}
+    for g, members in enumerate(leaf_groups):
+        hosts = hosts_of.get(g)
+        if not hosts:
+            continue
+        name = _logical_name(members, names, f"leafgroup{g + 1}", taken)
+        comment = ""
+        if len(members) > 1:
+            comment = (
+                f"logical leaf {name}: {len(members)} rail leaves serving the same {len(hosts)} nodes "
+                f"({hostlists.compress(names[m] for m in members)}); Slurm needs one leaf per node"
+            )
+            notes.append(comment)
+        specs.append(SwitchSpec(name=name, nodes=tuple(hostlists.natural_sorted(hosts)), comment=comment))
+        frontier.update(dict.fromkeys(members, name))
+
+    done = set(frontier) | exclude
+    level = 1
+    while True:
+        position = {spec.name: i for i, spec in enumerate(specs)}
+        candidates = {
+            sw: Counter({frontier[n]: c for n, c in adjacency[sw].items() if n in frontier})
+            for sw in adjacency
+            if sw not in done and any(n in frontier for n in adjacency[sw])
+        }
+        if not candidates:
+            break
+        done |= set(candidates)
+        groups = _group_switches(_invert(candidates))
+        links = []
+        for group in groups:
+            total: Counter[str] = Counter()
+            for sw in group:
+                total.update(candidates[sw])
+            links.append(total)
+        parent_of = {
+            child: min(
+                (i for i in range(len(groups)) if child in links[i]),
+                key=lambda i: (-len(links[i]), -links[i][child], i),
+            )
+            for child in {c for total in links for c in total}
+        }
+        next_frontier: dict[str, str] = {}
+        for i, group in enumerate(groups):
+            children = sorted((c for c in links[i] if parent_of[c] == i), key=lambda c: position[c])
+            if not children:
+                skips.extend(
+                    f"switch {names[sw]}: its links below all lead to switches kept under others" for sw in group
+                )
+                continue
+            if len(children) == 1:
+                # a switch over a single child adds a level without joining anything: pass the child up
+                next_frontier.update(dict.fromkeys(group, children[0]))
+                continue
+            name = _logical_name(group, names, f"level{level}group{i + 1}", taken)
+            comment = ""
+            if len(group) > 1:
+                parallel = hostlists.compress(names[s] for s in group)
+                comment = f"logical switch {name}: {len(group)} parallel switches ({parallel})"
+                notes.append(comment)
+            specs.append(SwitchSpec(name=name, children=tuple(children), comment=comment))
+            next_frontier.update(dict.fromkeys(group, name))
+        frontier = next_frontier
+        level += 1
+    return specs, notes, skips
+
+
+def _invert(children_of: Mapping[str, Counter[str]]) -> dict[str, set[str]]:
+    """Parent -> children becomes child -> parents (the member sets :func:`_group_switches` groups by)."""
+    parents: dict[str, set[str]] = {}
+    for parent, children in children_of.items():
+        for child in children:
+            parents.setdefault(child, set()).add(parent)
+    return parents
