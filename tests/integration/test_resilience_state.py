@@ -8,6 +8,8 @@ within float tolerance (resharded).
 
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -74,16 +76,28 @@ def worker_main(spec_json: str) -> None:
             if ctx.is_last_stage:
                 results["losses"][str(step)] = result.loss
             ckpt.poll()
+            if spec.get("die_in_save_at") == [spec["rank"], step]:
+                _die_after_writing_shards()
             if step in spec["save_at"]:
                 extra = {"consumed_samples": step * job.train.global_batch_size}
                 ckpt.save(step, model.chunks, model.optimizer, model.scheduler, extra, sync=not spec["async"])
-            if step == spec.get("hang_at"):
-                Path(spec["run_dir"], f"hanging-{spec['rank']}").touch()
-                time.sleep(3600)
         ckpt.close()
         results["weights"] = {name: float(p.detach().double().sum()) for name, p in model.chunks[0].named_parameters()}
         results["tp_pp"] = [ctx.tp_rank, ctx.pp_rank, ctx.dp_rank]
     Path(spec["out"]).write_text(json.dumps(results))
+
+
+def _die_after_writing_shards() -> None:
+    """Make this rank SIGKILL itself right after writing its shards, before finalize and commit."""
+    from air_hpc.resilience import state
+
+    write = state.run_request
+
+    def write_then_die(request: Any, stage_to_host: bool = False) -> None:
+        write(request, stage_to_host)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    state.run_request = write_then_die  # type: ignore[assignment]
 
 
 # -- the harness --------------------------------------------------------------------------------
@@ -156,27 +170,45 @@ def overrides(corpus: Path, run_dir: Path, *extra: str) -> list[str]:
 
 
 # -- tests --------------------------------------------------------------------------------------
-def test_async_save_resume_is_bit_exact_and_falls_back_from_corruption(corpus: Path, tmp_path: Path) -> None:
-    """TP2xPP2: async saves at 2 and 4; resume from 4 matches the uninterrupted losses exactly.
-
-    Then a flipped byte in step 4 makes the resume fall back to step 2, still exact.
-    """
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def reference(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, float], list[Any]]:
+    """An uninterrupted TP2xPP2 run of 6 steps with async saves at steps 2 and 4."""
+    run = tmp_path_factory.mktemp("reference") / "run"
     run.mkdir()
-    ov = overrides(corpus, run)
-    full = run_ranks(run, "full", overrides=ov, steps=6, save_at=[2, 4], **{"async": True})
-    reference = losses(full)
-    assert sorted(reference) == [1, 2, 3, 4, 5, 6]
+    results = run_ranks(run, "full", overrides=overrides(corpus, run), steps=6, save_at=[2, 4], **{"async": True})
+    return run, losses(results), results
+
+
+def copy_run(reference_run: Path, tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(reference_run / "checkpoints", run / "checkpoints", symlinks=False)
+    return run
+
+
+def test_async_saves_are_committed_with_events(reference: tuple[Path, dict[int, float], list[Any]]) -> None:
+    run, reference_losses, _ = reference
+    assert sorted(reference_losses) == [1, 2, 3, 4, 5, 6]
     store = CheckpointStore(run / "checkpoints", keep_last=5)
     assert store.committed_steps() == [2, 4] and store.latest_pointer() == 4
+    assert store.partial() == []
     saved = [e for e in read_events(run / "events.jsonl") if e["kind"] == "checkpoint_saved"]
     assert [(e["step"], e["async"]) for e in saved] == [(2, True), (4, True)]
     assert all(e["bytes"] > 100_000 and e["stall_s"] <= e["seconds"] for e in saved)
+    state = json.loads((store.path(4) / "air_hpc_state.json").read_text())
+    assert state["step"] == 4 and state["extra"] == {"consumed_samples": 32}
+    assert state["layout"] == {"tp": 2, "pp": 2, "dp": 1, "vpp": None}
 
+
+def test_resume_is_bit_exact_and_falls_back_from_a_corrupt_checkpoint(
+    corpus: Path, reference: tuple[Path, dict[int, float], list[Any]], tmp_path: Path
+) -> None:
+    reference_run, reference_losses, reference_results = reference
+    run = copy_run(reference_run, tmp_path)
+    ov = overrides(corpus, run)
     resumed = run_ranks(run, "resume", overrides=ov, steps=6, save_at=[], **{"async": True})
     assert resumed[0]["resumed"] == {"step": 4, "layout_changed": False}
-    assert losses(resumed) == {5: reference[5], 6: reference[6]}
-    assert [r["weights"] for r in resumed] == [r["weights"] for r in full]
+    assert losses(resumed) == {5: reference_losses[5], 6: reference_losses[6]}
+    assert [r["weights"] for r in resumed] == [r["weights"] for r in reference_results]
 
     shard = sorted((run / "checkpoints" / "step_0000004").glob("*.distcp"))[0]
     data = bytearray(shard.read_bytes())
@@ -184,6 +216,53 @@ def test_async_save_resume_is_bit_exact_and_falls_back_from_corruption(corpus: P
     shard.write_bytes(bytes(data))
     fallback = run_ranks(run, "fallback", overrides=ov, steps=6, save_at=[], **{"async": False})
     assert fallback[0]["resumed"]["step"] == 2
-    assert losses(fallback) == {k: v for k, v in reference.items() if k > 2}
+    assert losses(fallback) == {k: v for k, v in reference_losses.items() if k > 2}
     skipped = [e for e in read_events(run / "events.jsonl") if e["kind"] == "checkpoint_skipped"]
     assert skipped[-1]["step"] == 4 and shard.name in skipped[-1]["why"]
+
+
+def test_rank_killed_mid_save_resumes_from_previous_checkpoint(
+    corpus: Path, reference: tuple[Path, dict[int, float], list[Any]], tmp_path: Path
+) -> None:
+    """Rank 1 is SIGKILLed after writing its shards of step 4, before the commit; the job dies."""
+    _, reference_losses, _ = reference
+    run = tmp_path / "run"
+    run.mkdir()
+    ov = overrides(corpus, run)
+    procs = start_ranks(run, "killed", overrides=ov, steps=6, save_at=[2, 4], die_in_save_at=[1, 4], **{"async": False})
+    victim = procs[1][0]
+    victim.wait(timeout=240)
+    assert victim.returncode == -signal.SIGKILL
+    for proc, _ in procs:  # what Slurm does to the other tasks of a failed step
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    store = CheckpointStore(run / "checkpoints", keep_last=5)
+    assert store.committed_steps() == [2]
+    assert [p.name for p in store.partial()] == [".tmp-step_0000004"]
+    assert any((store.partial()[0]).glob("__1_*.distcp"))  # rank 1 had written its shards
+
+    resumed = run_ranks(run, "resumed", overrides=ov, steps=6, save_at=[], **{"async": False})
+    assert resumed[0]["resumed"]["step"] == 2
+    assert losses(resumed) == {k: v for k, v in reference_losses.items() if k > 2}
+    partial = [e for e in read_events(run / "events.jsonl") if e["kind"] == "checkpoint_partial"]
+    assert partial and partial[0]["path"].endswith(".tmp-step_0000004")
+
+
+@pytest.mark.parametrize("layout", ["parallel.tp=1", "parallel.pp=1"], ids=["tp1-pp2-dp2", "tp2-pp1-dp2"])
+def test_resume_onto_another_layout_reshards(
+    corpus: Path, reference: tuple[Path, dict[int, float], list[Any]], tmp_path: Path, layout: str
+) -> None:
+    reference_run, reference_losses, _ = reference
+    run = copy_run(reference_run, tmp_path)
+    resumed = run_ranks(
+        run, "reshard", overrides=overrides(corpus, run, layout), steps=6, save_at=[6], **{"async": False}
+    )
+    assert resumed[0]["resumed"] == {"step": 4, "layout_changed": True}
+    got = losses(resumed)
+    assert sorted(got) == [5, 6]
+    for step in (5, 6):
+        assert got[step] == pytest.approx(reference_losses[step], rel=1e-4)
+    resume_event = [e for e in read_events(run / "events.jsonl") if e["kind"] == "resume"][-1]
+    assert resume_event["layout_changed"] is True and resume_event["rng_restored"] is False
+    assert CheckpointStore(run / "checkpoints", keep_last=5).latest_complete() == 6
