@@ -19,6 +19,11 @@ from air_hpc.exitcodes import ExitCode
 #: name -> "module:attribute" of each subcommand; imported only when used.
 COMMANDS: dict[str, str] = {
     "config": "air_hpc.cli.config_cmd:config",
+    "render": "air_hpc.cli.job_cmds:render",
+    "submit": "air_hpc.cli.job_cmds:submit",
+    "status": "air_hpc.cli.job_cmds:status",
+    "logs": "air_hpc.cli.job_cmds:logs",
+    "cancel": "air_hpc.cli.job_cmds:cancel",
     "testbed": "air_hpc.cli.testbed_cmd:testbed",
     "data": "air_hpc.cli.data_cmd:data",
     "ckpt": "air_hpc.cli.ckpt_cmd:ckpt",

@@ -1,0 +1,323 @@
+"""Submit a run: choose nodes, render, validate, record, then hand it to sbatch or submitit.
+
+Three executors take the same validated job:
+
+- ``slurm``: our rendered script through ``sbatch`` (via :class:`SlurmClient`);
+  the script itself forwards the signal and requeues on the exit-code contract.
+- ``submitit``: submitit's SlurmExecutor with the same resources and selection;
+  submitit requeues through :class:`~air_hpc.launch.entry.TrainingEntry`'s
+  ``checkpoint``. submitit runs ``sbatch`` itself, outside our client.
+- ``local``: submitit's LocalExecutor on this machine (one node).
+
+The run directory records the resolved config (job.json), the script
+(job.sbatch) and every job id (submissions.jsonl), so status, logs and
+resume all start from it.
+"""
+
+import logging
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from air_hpc.config.models import JobConfig
+from air_hpc.errors import AirHpcError, ConfigError, SlurmUnreachableError, TopologyError
+from air_hpc.exitcodes import ExitCode
+from air_hpc.launch.runs import Executor, bad_nodes, record_submission
+from air_hpc.render import NodeRequest, SbatchSpec, build_spec, job_environment, render_script
+from air_hpc.render.quoting import shell_quote
+from air_hpc.rundir import RunDir
+from air_hpc.slurm.client import SlurmClient
+from air_hpc.slurm.jobs import JobStatus, TestOnlyResult
+
+log = logging.getLogger(__name__)
+
+#: Builds the picklable callable that submitit runs on every rank.
+EntryFactory = Callable[[Path], Callable[[], Any]]
+
+
+def default_entry(run_dir: Path) -> Callable[[], Any]:
+    from air_hpc.launch.entry import TrainingEntry
+
+    return TrainingEntry(run_dir)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A rendered, not yet submitted job."""
+
+    job: JobConfig
+    request: NodeRequest
+    spec: SbatchSpec
+    script: str
+    test_only: TestOnlyResult | None = None
+    notes: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class Submission:
+    job_id: str
+    executor: Executor
+    run_dir: Path
+    plan: Plan
+    handle: Any = field(default=None, compare=False)
+    """submitit's job object for the local executor (only this process can wait on it)."""
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "job_id": self.job_id,
+            "executor": self.executor,
+            "run_dir": str(self.run_dir),
+            "script": str(RunDir(self.run_dir).sbatch),
+            "nodelist": self.plan.request.nodelist,
+            "switches": self.plan.request.switches,
+            "test_only": None
+            if self.plan.test_only is None
+            else {"start": self.plan.test_only.start, "nodelist": self.plan.test_only.nodelist},
+        }
+
+
+def node_request(job: JobConfig, available: set[str] | None = None) -> tuple[NodeRequest, tuple[str, ...]]:
+    """Nodes and rank order for the job, and notes on what was decided.
+
+    Topology-aware when ``placement.topology_aware`` and the cluster names a
+    ``topology_file``: pick nodes on the fewest switches from ``available``
+    (default: every node in the file), minus the run's bad nodes.
+    Otherwise only the node count goes to Slurm.
+    """
+    from air_hpc.topology import hostlists
+
+    run_dir = RunDir.of(job)
+    bad = bad_nodes(run_dir)
+    exclude = hostlists.compress(bad) if bad else None
+    topo = job.cluster.topology_file
+    if not job.placement.topology_aware or topo is None:
+        reason = "placement.topology_aware is false" if topo else "the cluster has no topology_file"
+        return NodeRequest(exclude=exclude), (f"node count only: {reason}",)
+    from air_hpc.topology import treeconf
+    from air_hpc.topology.place import place_selection
+    from air_hpc.topology.select import select_nodes
+
+    try:
+        text = topo.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cluster.topology_file: cannot read {topo}: {exc.strerror or exc}") from None
+    fabric = treeconf.parse(text, str(topo))
+    everything = set(fabric.nodes) - set(bad)
+    candidates = everything if available is None else set(available) - set(bad)
+    notes: list[str] = []
+    try:
+        selection = select_nodes(fabric, candidates, job.resources.nodes)
+    except TopologyError as exc:
+        if candidates == everything:
+            raise
+        selection = select_nodes(fabric, everything, job.resources.nodes)
+        notes.append(f"not enough free nodes now ({exc}); letting Slurm wait for --switches={selection.switches_hint}")
+        return NodeRequest(switches=selection.switches_hint, exclude=exclude), tuple(notes)
+    notes.append(
+        f"selected {selection.nodelist} on {len(selection.leaves)} leaf switch(es) "
+        f"(lower bound {selection.lower_bound_leaves})"
+    )
+    if not job.placement.pin_nodes:
+        return NodeRequest(switches=selection.switches_hint, exclude=exclude), (
+            *notes,
+            f"not pinned: asking Slurm for --switches={selection.switches_hint}",
+        )
+    placement = place_selection(
+        fabric, selection, job.layout, job.resources.tasks_per_node, job.hardware.nvlink_domain_nodes
+    )
+    if placement.fallback:
+        notes.append(f"rank order: switch order ({placement.fallback})")
+    return NodeRequest(nodelist=selection.nodelist, rank_hosts=placement.ranks, exclude=exclude), tuple(notes)
+
+
+def available_nodes(client: SlurmClient) -> set[str]:
+    """Nodes the controller would allocate now."""
+    from air_hpc.slurm.nodes import fetch_node_states
+
+    return set(fetch_node_states(client).available)
+
+
+def plan(
+    job: JobConfig,
+    client: SlurmClient | None = None,
+    *,
+    python: str | None = None,
+    test_only: bool = False,
+) -> Plan:
+    """Choose nodes (live state when a client is given), render, and optionally ``sbatch --test-only`` it.
+
+    ``test_only`` is skipped with a note when the controller does not answer:
+    the render itself needs no cluster.
+    """
+    available = None
+    notes: list[str] = []
+    if client is not None and job.placement.topology_aware and job.cluster.topology_file:
+        try:
+            available = available_nodes(client)
+        except SlurmUnreachableError as exc:
+            notes.append(f"live node state unavailable ({exc}); assuming every node is free")
+    request, request_notes = node_request(job, available)
+    notes.extend(request_notes)
+    spec = build_spec(job, request, python=python)
+    script = render_script(spec)
+    checked = None
+    if test_only and client is not None:
+        with tempfile.TemporaryDirectory(prefix="air-hpc-") as tmp:
+            path = Path(tmp) / "job.sbatch"
+            path.write_text(script)
+            try:
+                checked = client.sbatch_test_only(path)
+            except SlurmUnreachableError as exc:
+                notes.append(f"sbatch --test-only skipped: {exc}")
+    return Plan(job, request, spec, script, checked, tuple(notes))
+
+
+def write_run(plan_: Plan) -> RunDir:
+    """Create the run directory with the resolved config and the script (logs/ must exist before sbatch)."""
+    run_dir = RunDir.of(plan_.job)
+    run_dir.logs.mkdir(parents=True, exist_ok=True)
+    run_dir.write_job(plan_.job)
+    run_dir.sbatch.write_text(plan_.script)
+    run_dir.sbatch.chmod(0o755)
+    return run_dir
+
+
+def submit(
+    job: JobConfig,
+    executor: Executor,
+    client: SlurmClient,
+    *,
+    python: str | None = None,
+    entry: EntryFactory = default_entry,
+) -> Submission:
+    """Validate, record and submit; returns once the job has an id (use :func:`wait` to follow it)."""
+    if executor == "local" and job.resources.nodes != 1:
+        raise ConfigError(
+            f"resources.nodes: the local executor runs on one node, the job asks for {job.resources.nodes}"
+        )
+    plan_ = plan(job, None if executor == "local" else client, python=python, test_only=executor != "local")
+    for note in plan_.notes:
+        log.info("%s", note)
+    run_dir = write_run(plan_)
+    handle = None
+    if executor == "slurm":
+        job_id = client.sbatch(run_dir.sbatch)
+    elif executor == "submitit":
+        job_id = _submit_submitit_slurm(plan_, entry(run_dir.path))
+    else:
+        handle = _submit_local(plan_, entry(run_dir.path))
+        job_id = str(handle.job_id)
+    record_submission(run_dir, job_id, executor)
+    log.info("submitted job %s (%s) for run %s", job_id, executor, run_dir.path)
+    return Submission(job_id, executor, run_dir.path, plan_, handle)
+
+
+def _exports(env: dict[str, str]) -> list[str]:
+    return [f"export {name}={shell_quote(value)}" for name, value in sorted(env.items())]
+
+
+def _submit_submitit_slurm(plan_: Plan, entry: Callable[[], Any]) -> str:
+    import submitit
+
+    spec, job = plan_.spec, plan_.job
+    run_dir = RunDir(spec.run_dir)
+    setup = _exports(dict(spec.env))
+    srun_args = ["--kill-on-bad-exit=1"]
+    if spec.request.rank_hosts:
+        hostfile = run_dir.path / "hostfile"
+        hostfile.write_text("".join(f"{h}\n" for h in spec.request.rank_hosts))
+        setup.append(f"export SLURM_HOSTFILE={shell_quote(str(hostfile))}")
+        srun_args.append("--distribution=arbitrary")
+    additional: dict[str, Any] = {"requeue": True, "open-mode": "append"}
+    if spec.switches:
+        additional["switches"] = spec.switches
+    if spec.reservation:
+        additional["reservation"] = spec.reservation
+    params: dict[str, Any] = {
+        "job_name": spec.job_name,
+        "nodes": spec.nodes,
+        "ntasks_per_node": spec.tasks_per_node,
+        "cpus_per_task": spec.cpus_per_task,
+        "time": spec.time_limit_min,
+        "signal_delay_s": spec.signal_lead_s,
+        "setup": setup,
+        "srun_args": srun_args,
+        "additional_parameters": additional,
+    }
+    optional = {
+        "partition": spec.partition,
+        "account": spec.account,
+        "qos": spec.qos,
+        "constraint": spec.constraint,
+        "nodelist": spec.request.nodelist,
+        "exclude": spec.request.exclude,
+        "mem": f"{spec.mem_gb}GB" if spec.mem_gb else None,
+        "gpus_per_node": spec.gpus_per_node or None,
+        "exclusive": True if spec.exclusive else None,
+    }
+    params.update({k: v for k, v in optional.items() if v is not None})
+    executor = submitit.SlurmExecutor(folder=run_dir.path / "submitit", max_num_timeout=job.resilience.max_restarts)
+    executor.update_parameters(**params)
+    return str(executor.submit(entry).job_id)
+
+
+def _submit_local(plan_: Plan, entry: Callable[[], Any]) -> Any:
+    import submitit
+
+    job = plan_.job
+    run_dir = RunDir.of(job)
+    executor = submitit.LocalExecutor(folder=run_dir.path / "submitit", max_num_timeout=job.resilience.max_restarts)
+    executor.update_parameters(
+        nodes=1,
+        tasks_per_node=job.resources.tasks_per_node,
+        gpus_per_node=job.hardware.gpus_per_node if job.hardware.device == "cuda" else 0,
+        timeout_min=job.resources.time_limit_min,
+        signal_delay_s=job.resilience.signal_lead_s,
+        setup=_exports(job_environment(job)),
+    )
+    return executor.submit(entry)
+
+
+def wait_slurm(
+    client: SlurmClient, job_id: str, poll_s: float = 2.0, on_change: Callable[[JobStatus], None] | None = None
+) -> JobStatus:
+    """Poll until the job reaches a final state (a requeued job goes back to PENDING and keeps going)."""
+    last: JobStatus | None = None
+    while True:
+        status = client.job_status(job_id)
+        if status is not None:
+            if on_change is not None and (
+                last is None or (status.state, status.restarts) != (last.state, last.restarts)
+            ):
+                on_change(status)
+            last = status
+            if status.state.terminal:
+                return status
+        time.sleep(poll_s)
+
+
+def wait_local(submission: Submission) -> None:
+    """Block until a LocalExecutor job submitted by this process ends; raise if any task failed."""
+    if submission.handle is None:
+        raise ConfigError("--wait: only a job submitted by this process with --executor local can be waited for")
+    try:
+        submission.handle.results()
+    except Exception as exc:  # submitit re-raises a task's error as text with its traceback
+        last = str(exc).strip().splitlines()[-1:] or ["unknown error"]
+        raise TrainingFailed(
+            f"local job {submission.job_id} failed: {last[0]} (logs: {submission.run_dir}/submitit)"
+        ) from None
+
+
+class TrainingFailed(AirHpcError):
+    """The submitted job ended without completing."""
+
+    exit_code = ExitCode.FAILURE
+
+
+def describe_failure(status: JobStatus) -> str:
+    code = f", exit code {status.exit_code}" if status.exit_code is not None else ""
+    return f"job {status.job_id} ended {status.state}{code} after {status.restarts} restart(s)"

@@ -1,0 +1,203 @@
+"""A fake Slurm controller for fast unit tests: keeps job state, answers in Slurm's text formats.
+
+It replaces only :meth:`SlurmClient._run_once`, so the real client's argument
+building, retries and parsers all run against it. Tests drive the cluster
+with :meth:`start`, :meth:`finish`, :meth:`requeue` and :attr:`reachable`.
+The real-cluster tests in ``tests/integration`` check the same formats against
+a live slurmctld.
+"""
+
+import re
+import shlex
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from air_hpc.slurm.client import SlurmClient
+from air_hpc.slurm.jobs import JobState
+
+UNREACHABLE = "{cmd}: error: Unable to contact slurm controller (connect failure)"
+INVALID_JOB = "slurm_load_jobs error: Invalid job id specified"
+
+
+@dataclass
+class FakeJob:
+    job_id: str
+    name: str
+    nodes: int
+    script: str
+    state: JobState = JobState.PENDING
+    nodelist: str = ""
+    reason: str = "Priority"
+    restarts: int = 0
+    exit_code: int = 0
+    exit_signal: int = 0
+    time_limit: str = "00:30:00"
+    signals: list[str] = field(default_factory=list)
+    earlier_runs: list[tuple[JobState, str, int]] = field(default_factory=list)
+
+
+def _directives(script: str) -> dict[str, str]:
+    """``#SBATCH --key=value`` lines, read the way sbatch reads them (until the first command)."""
+    found: dict[str, str] = {}
+    for line in script.splitlines()[1:]:
+        if line.strip() and not line.startswith("#"):
+            break
+        if line.startswith("#SBATCH"):
+            for word in shlex.split(line[len("#SBATCH") :], comments=True):
+                key, _, value = word.partition("=")
+                found[key.lstrip("-")] = value
+    return found
+
+
+class FakeSlurm(SlurmClient):
+    def __init__(self, retries: int = 2, nodes: dict[str, str] | None = None) -> None:
+        super().__init__(env={}, timeout_s=5.0, retries=retries, backoff_s=0.0)
+        self.nodes: dict[str, str] = dict(nodes or {})
+        """Node name -> scontrol state (``IDLE``, ``ALLOCATED``, ``IDLE+DRAIN``, ...)."""
+        self.jobs: dict[str, FakeJob] = {}
+        self.calls: list[list[str]] = []
+        self.reachable = True
+        self.next_id = 100
+
+    # Driving the fake cluster.
+
+    def start(self, job_id: str, nodelist: str) -> None:
+        job = self.jobs[job_id]
+        job.state, job.nodelist, job.reason = JobState.RUNNING, nodelist, ""
+
+    def finish(self, job_id: str, state: JobState = JobState.COMPLETED, exit_code: int = 0) -> None:
+        job = self.jobs[job_id]
+        job.state, job.exit_code = state, exit_code
+
+    def requeue(self, job_id: str) -> None:
+        job = self.jobs[job_id]
+        job.earlier_runs.append((JobState.REQUEUED, job.nodelist, job.exit_code))
+        job.state, job.reason, job.restarts = JobState.PENDING, "BeginTime", job.restarts + 1
+
+    # What the client sees.
+
+    def _run_once(
+        self, args: Sequence[str], input_text: str | None, timeout_s: float
+    ) -> subprocess.CompletedProcess[str]:
+        args = list(args)
+        self.calls.append(args)
+        if not self.reachable:
+            return self._done(args, 1, err=UNREACHABLE.format(cmd=args[0]))
+        handler = {
+            "sbatch": self._sbatch,
+            "squeue": self._squeue,
+            "sacct": self._sacct,
+            "scontrol": self._scontrol,
+            "scancel": self._scancel,
+        }[args[0]]
+        return handler(args)
+
+    @staticmethod
+    def _done(args: list[str], rc: int = 0, out: str = "", err: str = "") -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(args, rc, out, err)
+
+    @staticmethod
+    def _option(args: list[str], name: str) -> str | None:
+        for arg in args:
+            if arg.startswith(f"--{name}="):
+                return arg.split("=", 1)[1]
+        return None
+
+    def _sbatch(self, args: list[str]) -> subprocess.CompletedProcess[str]:
+        script = Path(args[-1]).read_text()
+        opts = _directives(script)
+        nodes = int(opts.get("nodes", "1"))
+        if "--test-only" in args:
+            return self._done(
+                args,
+                err=f"sbatch: Job {self.next_id} to start at 2026-12-02T14:00:00 using {nodes * 2} processors "
+                f"on nodes n[1-{nodes}] in partition {opts.get('partition', 'debug')}\n",
+            )
+        job_id = str(self.next_id)
+        self.next_id += 1
+        self.jobs[job_id] = FakeJob(job_id, opts.get("job-name", "sbatch"), nodes, script)
+        return self._done(args, out=f"{job_id}\n")
+
+    def _squeue(self, args: list[str]) -> subprocess.CompletedProcess[str]:
+        wanted = (self._option(args, "jobs") or "").split(",")
+        fmt = self._option(args, "format") or ""
+        live = [j for j in self.jobs.values() if not j.state.terminal]
+        if wanted != [""]:
+            if not any(j.job_id in wanted for j in self.jobs.values()):
+                return self._done(args, 1, err=INVALID_JOB)
+            live = [j for j in live if j.job_id in wanted]
+        codes = {
+            "i": lambda j: j.job_id,
+            "T": lambda j: str(j.state),
+            "D": lambda j: str(j.nodes),
+            "N": lambda j: j.nodelist,
+            "r": lambda j: j.reason or "None",
+            "M": lambda j: "0:05" if j.state is JobState.RUNNING else "0:00",
+            "l": lambda j: j.time_limit.lstrip("0:") or "0",
+            "j": lambda j: j.name,
+        }
+        lines = [re.sub(r"%(\w)", lambda m, j=j: codes[m.group(1)](j), fmt) for j in live]  # type: ignore[misc]
+        return self._done(args, out="".join(line + "\n" for line in lines))
+
+    def _sacct(self, args: list[str]) -> subprocess.CompletedProcess[str]:
+        wanted = (self._option(args, "jobs") or "").split(",")
+        fields = (self._option(args, "format") or "").split(",")
+        lines = []
+        for job in self.jobs.values():
+            if job.job_id not in wanted:
+                continue
+            runs = [*job.earlier_runs, (job.state, job.nodelist, job.exit_code)]
+            for state, nodelist, code in runs:
+                values = {
+                    "JobIDRaw": job.job_id,
+                    "State": "CANCELLED by 0" if state is JobState.CANCELLED else str(state),
+                    "ExitCode": f"{code}:{job.exit_signal}",
+                    "NNodes": str(job.nodes),
+                    "NodeList": nodelist or "None assigned",
+                    "Elapsed": "00:00:05",
+                    "Timelimit": job.time_limit,
+                    "JobName": job.name,
+                }
+                lines.append("|".join(values[f] for f in fields))
+        return self._done(args, out="".join(line + "\n" for line in lines))
+
+    def _scontrol(self, args: list[str]) -> subprocess.CompletedProcess[str]:
+        words = [a for a in args[1:] if not a.startswith("-")]
+        if words[:2] == ["show", "job"]:
+            job = self.jobs.get(words[2])
+            if job is None:
+                return self._done(args, 1, err=INVALID_JOB)
+            return self._done(
+                args,
+                out=f"JobId={job.job_id} JobName={job.name} UserId=root(0) GroupId=root(0) "
+                f"Priority=1 Nice=0 Account=(null) QOS=(null) JobState={job.state} Reason={job.reason or 'None'} "
+                f"Dependency=(null) Requeue=1 Restarts={job.restarts} BatchFlag=1 Reboot=0 "
+                f"ExitCode={job.exit_code}:0 RunTime=00:00:05 TimeLimit={job.time_limit} "
+                f"NodeList={job.nodelist or '(null)'} NumNodes={job.nodes} Command=/tmp/job.sbatch\n",
+            )
+        if words[:2] == ["show", "nodes"]:
+            if not self.nodes:
+                return self._done(args, out="No nodes in the system\n")
+            lines = [
+                f"NodeName={name} Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 CPUTot=2 "
+                f"NodeAddr=127.0.0.1 NodeHostName={name} Partitions=debug State={state} RealMemory=1"
+                for name, state in self.nodes.items()
+            ]
+            return self._done(args, out="".join(line + "\n" for line in lines))
+        if words[:1] == ["requeue"]:
+            self.requeue(words[1])
+            return self._done(args)
+        raise NotImplementedError(f"fake scontrol: {shlex.join(args)}")
+
+    def _scancel(self, args: list[str]) -> subprocess.CompletedProcess[str]:
+        job = self.jobs.get(args[-1])
+        if job is None:
+            return self._done(args, 1, err=f"scancel: error: Kill job error on job id {args[-1]}: Invalid job id")
+        signal = self._option(args, "signal")
+        if signal:
+            job.signals.append(signal)
+        elif not job.state.terminal:
+            job.state = JobState.CANCELLED
+        return self._done(args)

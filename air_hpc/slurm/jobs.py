@@ -1,0 +1,283 @@
+"""Job state: pure parsers of squeue / sacct / scontrol / sbatch text into typed values.
+
+The client asks for the exact formats defined here (``SQUEUE_FORMAT``,
+``SACCT_FIELDS``), so parsing never depends on a user's SQUEUE_FORMAT or
+column widths. The job name is always the last field: it is the only one that
+may contain the separator, so it takes whatever is left of the line.
+"""
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+from air_hpc.errors import SlurmError
+
+
+class JobState(StrEnum):
+    PENDING = "PENDING"
+    CONFIGURING = "CONFIGURING"
+    RUNNING = "RUNNING"
+    COMPLETING = "COMPLETING"
+    SUSPENDED = "SUSPENDED"
+    REQUEUED = "REQUEUED"
+    REQUEUE_HOLD = "REQUEUE_HOLD"
+    REQUEUE_FED = "REQUEUE_FED"
+    RESIZING = "RESIZING"
+    SIGNALING = "SIGNALING"
+    STAGE_OUT = "STAGE_OUT"
+    STOPPED = "STOPPED"
+    SPECIAL_EXIT = "SPECIAL_EXIT"
+    RESV_DEL_HOLD = "RESV_DEL_HOLD"
+    COMPLETED = "COMPLETED"
+    CANCELLED = "CANCELLED"
+    FAILED = "FAILED"
+    TIMEOUT = "TIMEOUT"
+    NODE_FAIL = "NODE_FAIL"
+    PREEMPTED = "PREEMPTED"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    BOOT_FAIL = "BOOT_FAIL"
+    DEADLINE = "DEADLINE"
+    REVOKED = "REVOKED"
+    UNKNOWN = "UNKNOWN"
+
+    @property
+    def terminal(self) -> bool:
+        """No further change is coming from Slurm (a requeued job comes back as PENDING instead)."""
+        return self in _TERMINAL
+
+    @property
+    def succeeded(self) -> bool:
+        return self is JobState.COMPLETED
+
+
+_TERMINAL = frozenset(
+    {
+        JobState.COMPLETED,
+        JobState.CANCELLED,
+        JobState.FAILED,
+        JobState.TIMEOUT,
+        JobState.NODE_FAIL,
+        JobState.PREEMPTED,
+        JobState.OUT_OF_MEMORY,
+        JobState.BOOT_FAIL,
+        JobState.DEADLINE,
+        JobState.REVOKED,
+    }
+)
+_STATE_ALIASES = {
+    "CD": "COMPLETED",
+    "CA": "CANCELLED",
+    "F": "FAILED",
+    "R": "RUNNING",
+    "PD": "PENDING",
+    "OOM": "OUT_OF_MEMORY",
+}
+
+
+def parse_state(text: str) -> JobState:
+    """``CANCELLED by 0``, ``RUNNING``, ``PD``: the first word; states a newer Slurm adds are UNKNOWN."""
+    word = text.strip().split(" ", 1)[0].rstrip("+").upper()
+    word = _STATE_ALIASES.get(word, word)
+    try:
+        return JobState(word)
+    except ValueError:
+        return JobState.UNKNOWN
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One line of squeue or sacct output about a job allocation."""
+
+    job_id: str
+    state: JobState
+    nodes: int
+    nodelist: str
+    name: str
+    reason: str = ""
+    elapsed: str = ""
+    time_limit: str = ""
+    exit_code: int | None = None
+    exit_signal: int | None = None
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What ``air-hpc status`` shows about one job, merged from the controller and accounting."""
+
+    job_id: str
+    state: JobState
+    nodes: int
+    nodelist: str
+    name: str
+    restarts: int
+    source: str
+    reason: str = ""
+    elapsed: str = ""
+    exit_code: int | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "job_id": self.job_id,
+            "state": str(self.state),
+            "terminal": self.state.terminal,
+            "nodes": self.nodes,
+            "nodelist": self.nodelist,
+            "name": self.name,
+            "restarts": self.restarts,
+            "source": self.source,
+            "reason": self.reason,
+            "elapsed": self.elapsed,
+            "exit_code": self.exit_code,
+        }
+
+
+#: squeue --format: job id, state, node count, nodes, reason, elapsed, limit, then the name.
+SQUEUE_FORMAT = "%i|%T|%D|%N|%r|%M|%l|%j"
+#: sacct --format with --parsable2 (``|``-separated, no trailing separator); the name last.
+SACCT_FIELDS = ("JobIDRaw", "State", "ExitCode", "NNodes", "NodeList", "Elapsed", "Timelimit", "JobName")
+
+
+def _split(line: str, fields: int, where: str) -> list[str]:
+    parts = line.split("|", fields - 1)
+    if len(parts) != fields:
+        raise SlurmError(f"{where}: expected {fields} '|'-separated fields, got {line!r}")
+    return parts
+
+
+def _int(text: str, default: int = 0) -> int:
+    text = text.strip()
+    return int(text) if text.isdigit() else default
+
+
+def parse_squeue(text: str) -> list[JobRecord]:
+    records = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        job_id, state, nodes, nodelist, reason, elapsed, limit, name = _split(line, 8, "squeue")
+        records.append(
+            JobRecord(
+                job_id=job_id.strip(),
+                state=parse_state(state),
+                nodes=_int(nodes),
+                nodelist=nodelist.strip(),
+                name=name,
+                reason=reason.strip() if reason.strip() != "None" else "",
+                elapsed=elapsed.strip(),
+                time_limit=limit.strip(),
+            )
+        )
+    return records
+
+
+def parse_exit_code(text: str) -> tuple[int | None, int | None]:
+    """sacct's ``ExitCode`` is ``code:signal``."""
+    code, _, signal = text.strip().partition(":")
+    return (int(code) if code.isdigit() else None, int(signal) if signal.isdigit() else None)
+
+
+def parse_sacct(text: str) -> list[JobRecord]:
+    """Allocation records in sacct's order (with --duplicates: earlier, requeued runs first)."""
+    records = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        job_id, state, exit_code, nodes, nodelist, elapsed, limit, name = _split(line, len(SACCT_FIELDS), "sacct")
+        code, signal = parse_exit_code(exit_code)
+        records.append(
+            JobRecord(
+                job_id=job_id.strip(),
+                state=parse_state(state),
+                nodes=_int(nodes),
+                nodelist="" if nodelist.strip() == "None assigned" else nodelist.strip(),
+                name=name,
+                elapsed=elapsed.strip(),
+                time_limit=limit.strip(),
+                exit_code=code,
+                exit_signal=signal,
+            )
+        )
+    return records
+
+
+_SCONTROL_KEYS = ("JobId", "JobState", "Reason", "Restarts", "NumNodes", "NodeList", "ExitCode", "BatchHost")
+
+
+def parse_scontrol_job(text: str) -> dict[str, str]:
+    """The keys of ``scontrol show job -o`` that never contain spaces (JobName and Command may)."""
+    found: dict[str, str] = {}
+    for key in _SCONTROL_KEYS:
+        match = re.search(rf"(?:^|\s){key}=(\S*)", text)
+        if match:
+            found[key] = match.group(1)
+    return found
+
+
+_SUBMITTED = re.compile(r"^(\d+)(?:;\S+)?$")
+
+
+def parse_sbatch_parsable(text: str) -> str:
+    """``sbatch --parsable`` prints ``JOBID`` or ``JOBID;CLUSTER``."""
+    line = text.strip().splitlines()[-1] if text.strip() else ""
+    match = _SUBMITTED.match(line.strip())
+    if not match:
+        raise SlurmError(f"sbatch: unexpected output {text.strip()!r}; expected a job id")
+    return match.group(1)
+
+
+@dataclass(frozen=True)
+class TestOnlyResult:
+    """What ``sbatch --test-only`` predicts: when and where the job would start."""
+
+    start: str
+    nodelist: str
+    partition: str
+
+    __test__ = False
+
+
+_TEST_ONLY = re.compile(
+    r"Job \d+ to start at (?P<start>\S+) using \d+ processors on nodes (?P<nodes>\S+)(?: in partition (?P<part>\S+))?"
+)
+
+
+def parse_test_only(text: str) -> TestOnlyResult:
+    match = _TEST_ONLY.search(text)
+    if not match:
+        raise SlurmError(f"sbatch --test-only: unexpected output {text.strip()!r}")
+    return TestOnlyResult(match["start"], match["nodes"], match["part"] or "")
+
+
+def merge_status(
+    job_id: str,
+    queued: list[JobRecord],
+    accounted: list[JobRecord],
+    restarts: int | None = None,
+) -> JobStatus | None:
+    """The controller's view wins while it knows the job; accounting afterwards.
+
+    ``restarts``: the controller's restart count when known; otherwise the
+    number of earlier (requeued) accounting records of the same job.
+    """
+    mine = [r for r in accounted if r.job_id == job_id]
+    if restarts is None:
+        restarts = max(len(mine) - 1, 0)
+    live = [r for r in queued if r.job_id == job_id]
+    if live:
+        rec, source = live[0], "squeue"
+    elif mine:
+        rec, source = mine[-1], "sacct"
+    else:
+        return None
+    return JobStatus(
+        job_id=job_id,
+        state=rec.state,
+        nodes=rec.nodes,
+        nodelist=rec.nodelist,
+        name=rec.name,
+        restarts=restarts,
+        source=source,
+        reason=rec.reason,
+        elapsed=rec.elapsed,
+        exit_code=rec.exit_code,
+    )

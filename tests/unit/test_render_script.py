@@ -1,0 +1,140 @@
+"""The rendered batch script's behaviour, run by bash with stub ``srun``/``scontrol`` on PATH.
+
+The exit-code contract end to end: requeue-worthy codes requeue within the
+budget, failures keep their code (never 0), and the signal Slurm sends the
+batch shell reaches the step. The same script runs on the real testbed in
+tests/integration/test_jobs_testbed.py.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from air_hpc.config import load_job
+from air_hpc.exitcodes import REQUEUE_WORTHY, ExitCode
+from air_hpc.render import NodeRequest, build_spec, render_script
+
+REPO = Path(__file__).resolve().parents[2]
+TESTBED_JOB = REPO / "configs" / "jobs" / "gpt-tiny-testbed.yaml"
+
+SRUN = """#!/bin/bash
+printf '%s\\n' "$*" >>"$STUB_LOG/srun"
+while [[ "$1" == --* ]]; do shift; done
+exec "$@"
+"""
+SCONTROL = """#!/bin/bash
+case "$1" in
+    show) echo n7; echo n8 ;;
+    requeue) echo "$2" >>"$STUB_LOG/requeued" ;;
+    *) exit 1 ;;
+esac
+"""
+
+
+@pytest.fixture
+def stubs(tmp_path: Path) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", SRUN), ("scontrol", SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
+def write_script(tmp_path: Path, step: list[str], request: NodeRequest | None = None, *extra: str) -> Path:
+    job = load_job(TESTBED_JOB, [f"run.root={tmp_path}", "run.name=run", *extra])
+    job.run.dir.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "job.sbatch"
+    path.write_text(render_script(build_spec(job, request, step_command=step)))
+    return path
+
+
+def environ(tmp_path: Path, stubs: Path, restarts: int | None) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "PATH": f"{stubs}:{os.environ['PATH']}",
+        "STUB_LOG": str(tmp_path),
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NODELIST": "n[7-8]",
+    }
+    env.pop("SLURM_RESTART_COUNT", None)
+    if restarts is not None:
+        env["SLURM_RESTART_COUNT"] = str(restarts)
+    return env
+
+
+def requeued(tmp_path: Path) -> list[str]:
+    path = tmp_path / "requeued"
+    return path.read_text().split() if path.exists() else []
+
+
+@pytest.mark.parametrize(
+    ("code", "restarts", "expect_requeue"),
+    [
+        (ExitCode.OK, None, False),
+        (ExitCode.FAILURE, None, False),
+        (ExitCode.USAGE, 0, False),
+        *[(c, None, True) for c in sorted(REQUEUE_WORTHY)],
+        (ExitCode.REQUEUE, 2, True),
+        (ExitCode.REQUEUE, 3, False),
+    ],
+)
+def test_exit_code_contract(tmp_path: Path, stubs: Path, code: int, restarts: int | None, expect_requeue: bool) -> None:
+    script = write_script(tmp_path, ["bash", "-c", f"exit {int(code)}"])
+    result = subprocess.run(["bash", str(script)], env=environ(tmp_path, stubs, restarts), capture_output=True)
+    assert result.returncode == int(code), result.stderr
+    assert requeued(tmp_path) == (["4242"] if expect_requeue else [])
+
+
+def test_signal_is_forwarded_to_the_step_which_requeues(tmp_path: Path, stubs: Path) -> None:
+    ready = tmp_path / "ready"
+    payload = f"trap 'echo got-usr2; exit {int(ExitCode.REQUEUE)}' USR2; touch {ready}; while :; do sleep 0.1; done"
+    script = write_script(tmp_path, ["bash", "-c", payload])
+    proc = subprocess.Popen(
+        ["bash", str(script)], env=environ(tmp_path, stubs, None), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not ready.exists():
+            assert time.monotonic() < deadline, "the step never started"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGUSR2)
+        out, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == ExitCode.REQUEUE
+    assert b"got-usr2" in out
+    assert b"forwarding to the training step" in err
+    assert requeued(tmp_path) == ["4242"]
+
+
+def test_start_is_recorded_and_master_derived(tmp_path: Path, stubs: Path) -> None:
+    script = write_script(tmp_path, ["bash", "-c", 'echo "$MASTER_ADDR:$MASTER_PORT:$OMP_NUM_THREADS"'])
+    result = subprocess.run(
+        ["bash", str(script)], env=environ(tmp_path, stubs, 1), capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == f"n7:{20000 + 4242 % 20000}:1"
+    (line,) = (tmp_path / "run" / "submissions.jsonl").read_text().splitlines()
+    record = json.loads(line)
+    assert (record["event"], record["job_id"], record["restart_count"], record["nodelist"]) == (
+        "started",
+        "4242",
+        1,
+        "n[7-8]",
+    )
+
+
+def test_rank_order_reaches_srun(tmp_path: Path, stubs: Path) -> None:
+    request = NodeRequest(nodelist="n[7-8]", rank_hosts=("n8", "n8", "n7", "n7"))
+    script = write_script(tmp_path, ["bash", "-c", 'cat "$SLURM_HOSTFILE"; echo "master=$MASTER_ADDR"'], request)
+    result = subprocess.run(
+        ["bash", str(script)], env=environ(tmp_path, stubs, None), capture_output=True, text=True, check=True
+    )
+    assert result.stdout.split() == ["n8", "n8", "n7", "n7", "master=n8"]
+    assert "--distribution=arbitrary" in (tmp_path / "srun").read_text()

@@ -1,0 +1,133 @@
+"""Parsers of squeue / sacct / scontrol / sbatch text, on output recorded from Slurm 22.05 (the testbed)."""
+
+import pytest
+
+from air_hpc.errors import SlurmError
+from air_hpc.slurm.jobs import (
+    JobRecord,
+    JobState,
+    merge_status,
+    parse_exit_code,
+    parse_sacct,
+    parse_sbatch_parsable,
+    parse_scontrol_job,
+    parse_squeue,
+    parse_state,
+    parse_test_only,
+)
+
+# Recorded with the formats the client asks for (SQUEUE_FORMAT, SACCT_FIELDS).
+SQUEUE_RUNNING = "5|RUNNING|2|n[1-2]|None|0:02|365-00:00:00|sleepy | name\n"
+SQUEUE_HELD = '1|PENDING|1||JobHeldUser|0:00|UNLIMITED|x"; touch pwned; echo " a#b $(x) `y` back\\slash\n'
+SACCT_REQUEUED = "3|REQUEUED|0:0|2|n[1-2]|00:00:01|00:30:00|r2\n3|COMPLETED|0:0|2|n[1-2]|00:00:00|00:30:00|r2\n"
+SACCT_CANCELLED = "5|CANCELLED by 0|0:0|2|n[1-2]|00:00:02|365-00:00:00|sleepy | name\n"
+SACCT_NEVER_RAN = "1|CANCELLED by 0|0:0|0|None assigned|00:00:00||allocation\n"
+SCONTROL_JOB = (
+    "JobId=5 JobName=sleepy | name UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901756 Nice=0 "
+    "Account=root QOS=normal JobState=RUNNING Reason=None Dependency=(null) Requeue=1 Restarts=0 BatchFlag=1 "
+    "Reboot=0 ExitCode=0:0 RunTime=00:00:02 TimeLimit=365-00:00:00 TimeMin=N/A Partition=debug "
+    "ReqNodeList=(null) ExcNodeList=(null) NodeList=n[1-2] BatchHost=n1 NumNodes=2 NumCPUs=2 NumTasks=2 "
+    "Command=(null) WorkDir=/work/main StdErr=/work/main/slurm-5.out StdIn=/dev/null StdOut=/work/main/slurm-5.out\n"
+)
+TEST_ONLY = "sbatch: Job 4 to start at 2026-12-02T13:28:19 using 4 processors on nodes n[3-4] in partition debug\n"
+
+
+def test_squeue_running_keeps_separator_in_name() -> None:
+    (rec,) = parse_squeue(SQUEUE_RUNNING)
+    assert rec == JobRecord(
+        job_id="5",
+        state=JobState.RUNNING,
+        nodes=2,
+        nodelist="n[1-2]",
+        name="sleepy | name",
+        reason="",
+        elapsed="0:02",
+        time_limit="365-00:00:00",
+    )
+
+
+def test_squeue_pending_with_hostile_name() -> None:
+    (rec,) = parse_squeue(SQUEUE_HELD)
+    assert rec.state is JobState.PENDING and rec.reason == "JobHeldUser" and rec.nodelist == ""
+    assert rec.name == 'x"; touch pwned; echo " a#b $(x) `y` back\\slash'
+
+
+def test_squeue_empty_and_malformed() -> None:
+    assert parse_squeue("\n") == []
+    with pytest.raises(SlurmError, match="squeue: expected 8"):
+        parse_squeue("5|RUNNING\n")
+
+
+def test_sacct_duplicates_list_requeued_runs_first() -> None:
+    records = parse_sacct(SACCT_REQUEUED)
+    assert [r.state for r in records] == [JobState.REQUEUED, JobState.COMPLETED]
+    assert records[-1].exit_code == 0 and records[-1].exit_signal == 0
+
+
+def test_sacct_cancelled_and_never_ran() -> None:
+    (rec,) = parse_sacct(SACCT_CANCELLED)
+    assert rec.state is JobState.CANCELLED and rec.name == "sleepy | name"
+    (never,) = parse_sacct(SACCT_NEVER_RAN)
+    assert never.nodelist == "" and never.nodes == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "state"),
+    [
+        ("CANCELLED by 0", JobState.CANCELLED),
+        ("COMPLETED", JobState.COMPLETED),
+        ("RUNNING", JobState.RUNNING),
+        ("PD", JobState.PENDING),
+        ("OUT_OF_MEMORY", JobState.OUT_OF_MEMORY),
+        ("REQUEUED", JobState.REQUEUED),
+        ("NEW_STATE_FROM_2030", JobState.UNKNOWN),
+    ],
+)
+def test_parse_state(text: str, state: JobState) -> None:
+    assert parse_state(text) is state
+
+
+def test_terminal_states() -> None:
+    assert JobState.COMPLETED.terminal and JobState.FAILED.terminal and JobState.TIMEOUT.terminal
+    assert not JobState.PENDING.terminal and not JobState.REQUEUED.terminal and not JobState.RUNNING.terminal
+
+
+@pytest.mark.parametrize(("text", "code"), [("0:0", (0, 0)), ("85:0", (85, 0)), ("0:9", (0, 9)), ("", (None, None))])
+def test_exit_code(text: str, code: tuple[int | None, int | None]) -> None:
+    assert parse_exit_code(text) == code
+
+
+def test_scontrol_job_fields() -> None:
+    fields = parse_scontrol_job(SCONTROL_JOB)
+    assert fields["JobState"] == "RUNNING"
+    assert fields["Restarts"] == "0"
+    assert fields["NodeList"] == "n[1-2]"
+    assert fields["BatchHost"] == "n1"
+    assert "ReqNodeList" not in fields.values()
+
+
+@pytest.mark.parametrize(("text", "job_id"), [("123\n", "123"), ("77;cluster-a\n", "77")])
+def test_sbatch_parsable(text: str, job_id: str) -> None:
+    assert parse_sbatch_parsable(text) == job_id
+
+
+@pytest.mark.parametrize("text", ["", "Submitted batch job 12\n", "sbatch: error: Batch job submission failed\n"])
+def test_sbatch_parsable_rejects_other_output(text: str) -> None:
+    with pytest.raises(SlurmError, match="expected a job id"):
+        parse_sbatch_parsable(text)
+
+
+def test_test_only() -> None:
+    result = parse_test_only(TEST_ONLY)
+    assert (result.start, result.nodelist, result.partition) == ("2026-12-02T13:28:19", "n[3-4]", "debug")
+    with pytest.raises(SlurmError, match="unexpected output"):
+        parse_test_only("sbatch: error: Requested node configuration is not available\n")
+
+
+def test_merge_prefers_controller_and_counts_requeues_from_accounting() -> None:
+    queued = parse_squeue(SQUEUE_RUNNING)
+    live = merge_status("5", queued, [], restarts=2)
+    assert live is not None and live.source == "squeue" and live.restarts == 2
+    done = merge_status("3", [], parse_sacct(SACCT_REQUEUED))
+    assert done is not None and done.source == "sacct" and done.state is JobState.COMPLETED and done.restarts == 1
+    assert merge_status("9", [], []) is None

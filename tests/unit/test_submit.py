@@ -1,0 +1,196 @@
+"""Submission against the fake controller: validation order, run records, topology-aware selection, CLI."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from air_hpc.cli.main import cli
+from air_hpc.config import load_job
+from air_hpc.errors import ConfigError, SlurmUnreachableError, TopologyError, UserError
+from air_hpc.launch.runs import latest_submission, submissions
+from air_hpc.launch.submit import plan, submit
+from air_hpc.rundir import RunDir
+from air_hpc.slurm.fake import FakeSlurm
+from air_hpc.slurm.jobs import JobState
+
+REPO = Path(__file__).resolve().parents[2]
+TESTBED_JOB = REPO / "configs" / "jobs" / "gpt-tiny-testbed.yaml"
+LOCAL_JOB = REPO / "configs" / "jobs" / "gpt-tiny-local.yaml"
+TOPOLOGY = """# leaves of 2, 4 and 2 nodes under one spine (the testbed's shape)
+SwitchName=leaf1 Nodes=n[1-2]
+SwitchName=leaf2 Nodes=n[3-6]
+SwitchName=leaf3 Nodes=n[7-8]
+SwitchName=spine1 Switches=leaf[1-3]
+"""
+ALL_IDLE = {f"n{i}": "IDLE" for i in range(1, 9)}
+
+
+@pytest.fixture
+def topo(tmp_path: Path) -> Path:
+    path = tmp_path / "topology.conf"
+    path.write_text(TOPOLOGY)
+    return path
+
+
+def job_in(tmp_path: Path, *overrides: str, job_file: Path = TESTBED_JOB):
+    return load_job(job_file, [f"run.root={tmp_path / 'runs'}", *overrides])
+
+
+def test_slurm_submission_validates_records_and_submits_once(tmp_path: Path) -> None:
+    fake = FakeSlurm()
+    job = job_in(tmp_path)
+    done = submit(job, "slurm", fake, python="/venv/bin/python")
+    run = RunDir(done.run_dir)
+    assert [c[:2] for c in fake.calls] == [["sbatch", "--test-only"], ["sbatch", "--parsable"]]
+    assert run.read_job() == job
+    assert run.sbatch.read_text() == done.plan.script
+    assert run.logs.is_dir()
+    record = latest_submission(run)
+    assert (record.job_id, record.executor, record.starts) == (done.job_id, "slurm", 0)
+    assert fake.jobs[done.job_id].script == done.plan.script
+    assert done.plan.test_only is not None
+
+
+def test_second_submission_of_a_run_appends(tmp_path: Path) -> None:
+    fake = FakeSlurm()
+    job = job_in(tmp_path)
+    first = submit(job, "slurm", fake).job_id
+    second = submit(job, "slurm", fake).job_id
+    assert [r.job_id for r in submissions(RunDir.of(job))] == [first, second]
+
+
+def test_unreachable_controller_records_no_submission(tmp_path: Path) -> None:
+    fake = FakeSlurm(retries=1)
+    fake.reachable = False
+    job = job_in(tmp_path)
+    with pytest.raises(SlurmUnreachableError, match="may or may not have been submitted"):
+        submit(job, "slurm", fake)
+    assert [c[0] for c in fake.calls].count("sbatch") == 3, "test-only retried twice, the submission never"
+    assert submissions(RunDir.of(job)) == []
+
+
+def test_dry_run_plan_writes_nothing(tmp_path: Path) -> None:
+    fake = FakeSlurm()
+    job = job_in(tmp_path)
+    planned = plan(job, fake, test_only=True)
+    assert planned.test_only is not None and "#SBATCH --nodes=2" in planned.script
+    assert not (tmp_path / "runs").exists()
+    assert fake.jobs == {}
+
+
+def test_local_executor_needs_one_node(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^resources\.nodes: the local executor runs on one node"):
+        submit(job_in(tmp_path), "local", FakeSlurm())
+
+
+def test_topology_aware_pins_one_leaf_and_orders_ranks(tmp_path: Path, topo: Path) -> None:
+    fake = FakeSlurm(nodes=ALL_IDLE)
+    planned = plan(job_in(tmp_path, f"cluster.topology_file={topo}"), fake)
+    request = planned.request
+    assert request.nodelist in {"n[1-2]", "n[7-8]"}, "two nodes fit on one of the two-node leaves"
+    assert len(request.rank_hosts) == 4 and set(request.rank_hosts) <= {"n1", "n2", "n7", "n8"}
+    assert f"#SBATCH --nodelist={request.nodelist}" in planned.script
+    assert "--distribution=arbitrary" in planned.script
+
+
+def test_selection_uses_live_state_and_skips_bad_nodes(tmp_path: Path, topo: Path) -> None:
+    busy = {**ALL_IDLE, "n1": "ALLOCATED", "n7": "IDLE+DRAIN"}
+    job = job_in(tmp_path, f"cluster.topology_file={topo}", "resources.nodes=2")
+    run = RunDir.of(job)
+    run.path.mkdir(parents=True)
+    run.bad_nodes.write_text("n3  # hung at step 12\nn4\n")
+    planned = plan(job, FakeSlurm(nodes=busy))
+    assert planned.request.nodelist == "n[5-6]"
+    assert planned.request.exclude == "n[3-4]"
+    assert "#SBATCH --exclude=n[3-4]" in planned.script
+
+
+def test_not_pinned_asks_for_switches(tmp_path: Path, topo: Path) -> None:
+    planned = plan(job_in(tmp_path, f"cluster.topology_file={topo}", "placement.pin_nodes=false"), None)
+    assert planned.request.nodelist is None and planned.request.switches == 1
+    assert "#SBATCH --switches=1@00:10:00" in planned.script
+
+
+def test_busy_cluster_falls_back_to_switches(tmp_path: Path, topo: Path) -> None:
+    busy = {name: "ALLOCATED" for name in ALL_IDLE}
+    planned = plan(job_in(tmp_path, f"cluster.topology_file={topo}"), FakeSlurm(nodes=busy))
+    assert planned.request.switches == 1 and planned.request.nodelist is None
+    assert any("not enough free nodes" in note for note in planned.notes)
+
+
+def test_too_many_nodes_for_the_fabric_is_a_topology_error(tmp_path: Path, topo: Path) -> None:
+    job = job_in(tmp_path, f"cluster.topology_file={topo}", "resources.nodes=10", "train.global_batch_size=40")
+    with pytest.raises(TopologyError, match="10 nodes requested"):
+        plan(job, None)
+
+
+def test_missing_topology_file_names_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^cluster\.topology_file: cannot read"):
+        plan(job_in(tmp_path, f"cluster.topology_file={tmp_path / 'nope.conf'}"), None)
+
+
+def test_topology_unaware_sends_only_the_count(tmp_path: Path, topo: Path) -> None:
+    planned = plan(job_in(tmp_path, f"cluster.topology_file={topo}", "placement.topology_aware=false"), None)
+    assert planned.request.nodelist is None and planned.request.switches is None
+    assert "--nodelist" not in planned.script and "--switches" not in planned.script
+
+
+def invoke(fake: FakeSlurm, args: list[str]) -> None:
+    cli.main(args=args, prog_name="air-hpc", standalone_mode=False, obj={"slurm_client": fake})
+
+
+def test_cli_submit_status_logs_cancel(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fake = FakeSlurm()
+    invoke(fake, ["submit", str(TESTBED_JOB), "--set", f"run.root={tmp_path}", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    job_id, run = out["job_id"], Path(out["run_dir"])
+    assert out["executor"] == "slurm" and fake.jobs[job_id].state is JobState.PENDING
+
+    fake.start(job_id, "n[1-2]")
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 9.5}\n{"step": 2, "loss": 8.25, "tokens_per_s": 1000}\n')
+    (run / "logs" / f"slurm-{job_id}.out").write_text("0: rank 0 on n1\n1: rank 1 on n1\n2: rank 2 on n2\n")
+    invoke(fake, ["status", str(run), "--json"])
+    status = json.loads(capsys.readouterr().out)
+    assert (status["state"], status["nodelist"], status["progress"]["step"], status["progress"]["total_steps"]) == (
+        "RUNNING",
+        "n[1-2]",
+        2,
+        30,
+    )
+    invoke(fake, ["status", str(run)])
+    text = capsys.readouterr().out
+    assert "RUNNING" in text and "step 2/30, loss 8.2500" in text
+
+    invoke(fake, ["logs", str(run), "--rank", "2"])
+    assert capsys.readouterr().out == "2: rank 2 on n2\n"
+    invoke(fake, ["logs", str(run)])
+    assert "rank 1 on n1" in capsys.readouterr().out
+
+    invoke(fake, ["cancel", str(run)])
+    assert capsys.readouterr().out == f"cancelled job {job_id} (slurm)\n"
+    assert fake.jobs[job_id].state is JobState.CANCELLED
+    invoke(fake, ["status", job_id, "--json"])
+    assert json.loads(capsys.readouterr().out)["state"] == "CANCELLED"
+
+
+def test_cli_status_of_unknown_job_and_non_run(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="neither squeue nor sacct knows it"):
+        invoke(FakeSlurm(), ["status", "4242"])
+    with pytest.raises(UserError, match="not a run directory"):
+        invoke(FakeSlurm(), ["status", str(tmp_path)])
+
+
+def test_cli_logs_before_any_output(tmp_path: Path) -> None:
+    fake = FakeSlurm()
+    done = submit(job_in(tmp_path), "slurm", fake)
+    with pytest.raises(UserError, match="no output yet"):
+        invoke(fake, ["logs", str(done.run_dir)])
+
+
+def test_cli_status_with_controller_down_is_one_error(tmp_path: Path) -> None:
+    fake = FakeSlurm()
+    done = submit(job_in(tmp_path), "slurm", fake)
+    fake.reachable = False
+    with pytest.raises(SlurmUnreachableError, match="unreachable after"):
+        invoke(fake, ["status", str(done.run_dir)])
