@@ -13,6 +13,7 @@ import signal
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -99,9 +100,31 @@ def agree(flag: bool, group: Any = None) -> bool:
     return bool(value.item())
 
 
+#: Stop reasons in the order they win when ranks disagree (the larger code wins the MAX).
+STOP_REASONS = ("deadline", "signal")
+
+
+def agree_stop(stop: "StopRequest", deadline: "Deadline", group: Any = None, now_s: float | None = None) -> str | None:
+    """At a step boundary, on every rank: ``"signal"``, ``"deadline"`` or None, the same on all ranks.
+
+    One MAX all-reduce: a signal on any rank stops everyone; clocks that differ slightly across
+    nodes cannot split the decision.
+    """
+    import torch
+    import torch.distributed as dist
+
+    code = 2 if stop.requested else 1 if deadline.reached(now_s) else 0
+    if dist.is_available() and dist.is_initialized():
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
+        value = torch.tensor([code], dtype=torch.int32, device=device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+        code = int(value.item())
+    return STOP_REASONS[code - 1] if code else None
+
+
 #: Environment variables that may carry the job's start time (epoch seconds), in order of trust.
-#: ``SLURM_JOB_START_TIME`` exists from Slurm 23.02; ``AIR_HPC_JOB_START_S`` is exported by our
-#: batch script (``date +%s`` at its top) so that older Slurm versions work too.
+#: ``SLURM_JOB_START_TIME`` exists from Slurm 23.02; ``AIR_HPC_JOB_START_S`` lets a launcher or a
+#: test set it explicitly. Older Slurm versions use the batch script's ``started`` line instead.
 START_TIME_VARS = ("SLURM_JOB_START_TIME", "AIR_HPC_JOB_START_S")
 END_TIME_VAR = "SLURM_JOB_END_TIME"
 
@@ -139,11 +162,13 @@ class Deadline:
         env: Mapping[str, str] | None = None,
         explicit_stop_at_s: float | None = None,
         now_s: float | None = None,
+        submissions: Path | None = None,
     ) -> "Deadline":
         """The first that is known: an explicit stop time, the job's end time, its start time + limit.
 
-        Falls back to ``now_s`` + limit (a late estimate: the job started before this process) and
-        says so in the log.
+        The start time comes from Slurm's environment, or from the ``started`` line our batch
+        script appends to ``submissions`` (``RunDir.submissions``) for this job id. Falls back to
+        ``now_s`` + limit (a late estimate: the job started before this process) and says so.
         """
         env = os.environ if env is None else env
         if explicit_stop_at_s is not None:
@@ -156,12 +181,28 @@ class Deadline:
             start = _epoch(env, var)
             if start is not None:
                 return cls(start + limit_s - margin_s, var)
+        start = _started_from_submissions(submissions, env.get("SLURM_JOB_ID")) if submissions else None
+        if start is not None:
+            return cls(start + limit_s - margin_s, "submissions.jsonl")
         now = time.time() if now_s is None else now_s
         log.warning(
             "job start time unknown (none of %s set): the deadline counts from this process's start",
             ", ".join((END_TIME_VAR, *START_TIME_VARS)),
         )
         return cls(now + limit_s - margin_s, "process start")
+
+
+def _started_from_submissions(path: Path, job_id: str | None) -> float | None:
+    """Time of the newest ``{"event": "started"}`` line for ``job_id`` (any job id when None)."""
+    from air_hpc.resilience.events import read_events
+
+    for entry in reversed(read_events(path)):
+        if entry.get("event") == "started" and (job_id is None or str(entry.get("job_id")) == job_id):
+            try:
+                return float(entry["time"])
+            except (KeyError, TypeError, ValueError):
+                return None
+    return None
 
 
 def _epoch(env: Mapping[str, str], var: str) -> float | None:

@@ -9,7 +9,7 @@ import pytest
 
 from air_hpc.errors import ConfigError
 from air_hpc.resilience.events import EventLog, read_events
-from air_hpc.resilience.signals import Deadline, StopRequest, agree, signal_number
+from air_hpc.resilience.signals import Deadline, StopRequest, agree, agree_stop, signal_number
 
 
 @pytest.mark.parametrize(("name", "expected"), [("USR2", signal.SIGUSR2), ("sigterm", signal.SIGTERM), ("10", 10)])
@@ -58,6 +58,27 @@ def test_deadline_without_start_time_counts_from_now_and_warns(caplog: pytest.Lo
     d = Deadline.from_env(time_limit_min=1, margin_s=10, env={"SLURM_JOB_START_TIME": "soon"}, now_s=100.0)
     assert (d.stop_at_s, d.source) == (150.0, "process start")
     assert "not epoch seconds" in caplog.text and "start time unknown" in caplog.text
+
+
+def test_deadline_from_the_batch_scripts_started_line(tmp_path: Path) -> None:
+    submissions = tmp_path / "submissions.jsonl"
+    submissions.write_text(
+        '{"event": "started", "job_id": "7", "restart_count": 0, "time": 1000}\n'
+        '{"event": "started", "job_id": "8", "restart_count": 0, "time": 3000}\n'
+        '{"event": "started", "job_id": "7", "restart_count": 1, "time": 2000}\n'
+    )
+    d = Deadline.from_env(10, 60, env={"SLURM_JOB_ID": "7"}, submissions=submissions)
+    assert (d.stop_at_s, d.source) == (2000 + 600 - 60, "submissions.jsonl")
+    d = Deadline.from_env(10, 60, env={"SLURM_JOB_ID": "9"}, submissions=submissions, now_s=5.0)
+    assert d.source == "process start"
+
+
+def test_agree_stop_without_process_group() -> None:
+    stop = StopRequest()
+    assert agree_stop(stop, Deadline.none()) is None
+    assert agree_stop(stop, Deadline(100.0, "explicit"), now_s=100.0) == "deadline"
+    stop._handle(12, None)
+    assert agree_stop(stop, Deadline(100.0, "explicit"), now_s=100.0) == "signal"
 
 
 def test_deadline_reached() -> None:
