@@ -265,7 +265,7 @@ class TokenSamples:
         self.seed = seed
         self._tokens: np.ndarray[Any, Any] | h5py.Dataset | None = None
         self._file: h5py.File | None = None
-        self._order: tuple[int, np.ndarray[Any, Any]] | None = None
+        self._orders: dict[int, np.ndarray[Any, Any]] = {}
         self._window = np.arange(seq_len + 1, dtype=np.int64)
         self._num_samples = 0
 
@@ -290,19 +290,25 @@ class TokenSamples:
         return self._tokens
 
     def _epoch_order(self, epoch: int) -> np.ndarray[Any, Any]:
-        if self._order is None or self._order[0] != epoch:
-            rng = np.random.default_rng([self.seed, epoch])
-            self._order = (epoch, rng.permutation(self.num_samples))
-        return self._order[1]
+        """The permutation of one epoch; the two most recent are kept (a batch may straddle two)."""
+        order = self._orders.get(epoch)
+        if order is None:
+            order = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
+            self._orders = {e: o for e, o in self._orders.items() if e == epoch - 1} | {epoch: order}
+        return order
 
     def sample_starts(self, global_indices: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """Token offset of each global sample index (epochs wrap around, each reshuffled)."""
         self._open()
+        n = self._num_samples
+        first, last = int(global_indices.min()) // n, int(global_indices.max()) // n
+        if first == last:
+            return self._epoch_order(first)[global_indices - first * n] * self.seq_len
         starts = np.empty(len(global_indices), dtype=np.int64)
-        epochs = global_indices // self.num_samples
-        for epoch in np.unique(epochs):
+        epochs = global_indices // n
+        for epoch in range(first, last + 1):
             mask = epochs == epoch
-            starts[mask] = self._epoch_order(int(epoch))[global_indices[mask] % self.num_samples]
+            starts[mask] = self._epoch_order(epoch)[global_indices[mask] - epoch * n]
         return starts * self.seq_len
 
     def batch(self, global_indices: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -310,7 +316,7 @@ class TokenSamples:
         tokens = self._open()
         starts = self.sample_starts(global_indices)
         if isinstance(tokens, np.ndarray):
-            return tokens[starts[:, None] + self._window].astype(np.int64)
+            return np.take(tokens, starts[:, None] + self._window).astype(np.int64)
         return np.stack([tokens[s : s + self.seq_len + 1] for s in starts]).astype(np.int64)
 
     def close(self) -> None:
