@@ -24,6 +24,7 @@ BLOCKING_FLAGS = frozenset(
         "FAIL",
         "FAILING",
         "MAINT",
+        "MAINTENANCE",
         "NOT_RESPONDING",
         "REBOOT_REQUESTED",
         "REBOOT_ISSUED",

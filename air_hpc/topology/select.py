@@ -4,12 +4,16 @@ The choice, in order of priority:
 
 1. the lowest switch that holds ``count`` free nodes (a single leaf if one is
    big enough), like Slurm's topology/tree best fit;
-2. among switches at that level, the one needing the fewest leaf switches, then
-   the one with the fewest free nodes (best fit keeps big free switches whole);
-3. below it, the fewest leaves (``k``), spread over the fewest child switches,
-   and among those the tightest leaves: each leaf in the greedy pick is swapped
-   for a smaller one while the total still covers ``count``, so bigger free
-   leaves stay whole for the next big job.
+2. among switches at that level, the one needing the fewest child switches,
+   then the fewest leaves, then the fewest free nodes (best fit keeps big free
+   switches whole);
+3. below it, the fewest child switches (spines under a core): traffic that
+   crosses the top of the tree is the most expensive, and this is what keeps us
+   at or below Slurm's spine count; among sets of that size, the one needing the
+   fewest leaves;
+4. within those, the fewest leaves (``k``) and among those the tightest: each
+   leaf in the greedy pick is swapped for a smaller one while the total still
+   covers ``count``, so bigger free leaves stay whole for the next big job.
 
 Everything is deterministic: ties break on the fabric's switch order.
 """
@@ -88,12 +92,13 @@ def select_nodes(fabric: Fabric, available: Set[str], count: int) -> NodeSelecti
         )
     lowest = min(fabric.switches[c].level for c in candidates)
 
-    def rank(name: str) -> tuple[int, int, int]:
-        counts = sorted((len(free[leaf]) for leaf in fabric.leaves_under[name]), reverse=True)
-        return (min_leaves(counts, count), free_under[name], order[name])
+    def rank(name: str) -> tuple[int, int, int, int]:
+        children = sorted((free_under[c] for c in fabric.switches[name].children), reverse=True)
+        leaves = sorted((len(free[leaf]) for leaf in fabric.leaves_under[name]), reverse=True)
+        return (min_leaves(children, count), min_leaves(leaves, count), free_under[name], order[name])
 
     top = min((c for c in candidates if fabric.switches[c].level == lowest), key=rank)
-    leaves = _pick_leaves(fabric, top, {leaf: len(free[leaf]) for leaf in fabric.leaves_under[top]}, count, order)
+    leaves = _pick_leaves(fabric, top, free_under, count, order)
 
     nodes: list[str] = []
     for leaf in leaves:
@@ -117,43 +122,46 @@ def _depth(fabric: Fabric, top: str, leaves: Sequence[str]) -> int:
 
 
 def _pick_leaves(
-    fabric: Fabric, top: str, free_count: Mapping[str, int], count: int, order: Mapping[str, int]
+    fabric: Fabric, top: str, free_under: Mapping[str, int], count: int, order: Mapping[str, int]
 ) -> list[str]:
-    """The fewest leaves under ``top``, on the fewest child switches, fitting ``count`` as tightly as possible."""
+    """The fewest child switches of ``top``, then the fewest leaves below them, fitting ``count`` tightly."""
     if fabric.switches[top].is_leaf:
         return [top]
-    counts = sorted(free_count.values(), reverse=True)
-    k = min_leaves(counts, count)
-    children = fabric.switches[top].children
-    pool = _fewest_children(fabric, top, children, free_count, count, k)
-    chosen = sorted(pool, key=lambda leaf: (-free_count[leaf], order[leaf]))[:k]
-    chosen = _tighten(chosen, [leaf for leaf in pool if leaf not in set(chosen)], free_count, count, order)
+    children = [c for c in fabric.switches[top].children if free_under[c] > 0]
+    if not all(fabric.switches[c].is_leaf for c in children):
+        children = _fewest_children(fabric, children, free_under, count, order)
+    pool = [leaf for c in children for leaf in fabric.leaves_under[c] if free_under[leaf] > 0]
+    k = min_leaves(sorted((free_under[leaf] for leaf in pool), reverse=True), count)
+    chosen = sorted(pool, key=lambda leaf: (-free_under[leaf], order[leaf]))[:k]
+    chosen = _tighten(chosen, [leaf for leaf in pool if leaf not in set(chosen)], free_under, count, order)
     return sorted(chosen, key=lambda leaf: order[leaf])
 
 
 def _fewest_children(
-    fabric: Fabric, top: str, children: Sequence[str], free_count: Mapping[str, int], count: int, k: int
+    fabric: Fabric, children: Sequence[str], free_under: Mapping[str, int], count: int, order: Mapping[str, int]
 ) -> list[str]:
-    """Leaves of the fewest children of ``top`` whose best ``k`` leaves still cover ``count``."""
-    if all(fabric.switches[c].is_leaf for c in children):
-        return [c for c in children if free_count.get(c, 0) > 0]
-    leaves_of = {c: [leaf for leaf in fabric.leaves_under[c] if free_count.get(leaf, 0) > 0] for c in children}
-    best: list[str] | None = None
-    for key in (
-        lambda c: -sum(free_count[leaf] for leaf in leaves_of[c]),
-        lambda c: -sum(sorted((free_count[leaf] for leaf in leaves_of[c]), reverse=True)[:k]),
-    ):
-        picked: list[str] = []
-        pooled: list[int] = []
-        for child in sorted((c for c in children if leaves_of[c]), key=key):
-            picked.append(child)
-            for leaf in leaves_of[child]:
-                bisect.insort(pooled, -free_count[leaf])
-            if -sum(pooled[:k]) >= count:
-                break
-        if best is None or len(picked) < len(best):
-            best = picked
-    return [leaf for child in best or [] for leaf in leaves_of[child]]
+    """The fewest children covering ``count``; of a few such sets, the one needing the fewest leaves.
+
+    Candidates: the fullest children; that set tightened (smaller children swapped
+    in while they still cover ``count``); and the children with the fullest leaves.
+    """
+    s = min_leaves(sorted((free_under[c] for c in children), reverse=True), count)
+    leaf_counts = {
+        c: sorted((free_under[leaf] for leaf in fabric.leaves_under[c] if free_under[leaf] > 0), reverse=True)
+        for c in children
+    }
+
+    def leaves_needed(group: Sequence[str]) -> tuple[int, int]:
+        counts = sorted((n for c in group for n in leaf_counts[c]), reverse=True)
+        return (min_leaves(counts, count) or len(leaf_counts) * len(counts) + 1, sum(free_under[c] for c in group))
+
+    greedy = sorted(children, key=lambda c: (-free_under[c], order[c]))[:s]
+    tight = _tighten(greedy, [c for c in children if c not in set(greedy)], free_under, count, order)
+    k_all = min_leaves(sorted((n for c in children for n in leaf_counts[c]), reverse=True), count)
+    per_child = -(-k_all // s)
+    by_leaves = sorted(children, key=lambda c: (-sum(leaf_counts[c][:per_child]), order[c]))[:s]
+    best = min((tight, greedy, by_leaves), key=leaves_needed)
+    return sorted(best, key=lambda c: order[c])
 
 
 def _tighten(

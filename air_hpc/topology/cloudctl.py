@@ -1,0 +1,171 @@
+"""A throw-away slurmctld of CLOUD nodes: ask the real topology/tree plugin where a job would go.
+
+Power-saved cloud nodes (``State=CLOUD`` with ``SuspendProgram``/``ResumeProgram``
+set to ``/bin/true``) are allocatable without any slurmd, so one controller on
+loopback can hold tens of thousands of nodes and answer
+``sbatch --test-only`` in milliseconds. Authentication is ``auth/none``: the
+controller listens on 127.0.0.1 only and lives for one benchmark or test.
+Queries go through :class:`SlurmClient`; only the daemon itself is spawned here.
+"""
+
+import logging
+import re
+import socket
+import subprocess
+import time
+from collections.abc import Collection, Sequence
+from pathlib import Path
+from types import TracebackType
+
+from air_hpc.errors import SlurmError, TestbedError
+from air_hpc.slurm.client import SlurmClient
+from air_hpc.topology import hostlists
+
+log = logging.getLogger(__name__)
+
+_PLACED = re.compile(r"on nodes (\S+) in partition")
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free TCP ports on loopback (bound and released; good enough for a private daemon)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def slurm_conf(workdir: Path, nodes: Sequence[str], ctld_host: str, ports: Sequence[int]) -> str:
+    """slurm.conf for a controller whose nodes are all power-saved CLOUD nodes on a topology/tree fabric."""
+    return "\n".join(
+        [
+            "ClusterName=topocloud",
+            f"SlurmctldHost={ctld_host}(127.0.0.1)",
+            f"SlurmctldPort={ports[0]}",
+            f"SlurmdPort={ports[1]}",
+            "AuthType=auth/none",
+            "CredType=cred/none",
+            "SlurmUser=root",
+            f"StateSaveLocation={workdir / 'state'}",
+            f"SlurmdSpoolDir={workdir / 'spool'}",
+            f"SlurmctldPidFile={workdir / 'slurmctld.pid'}",
+            f"SlurmctldLogFile={workdir / 'slurmctld.log'}",
+            "SlurmctldDebug=error",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "TopologyPlugin=topology/tree",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "SchedulerType=sched/builtin",
+            "SuspendProgram=/bin/true",
+            "ResumeProgram=/bin/true",
+            "SuspendTime=3600",
+            "ResumeTimeout=600",
+            "ReturnToService=2",
+            "PrivateData=cloud",
+            "MpiDefault=none",
+            "JobCompType=jobcomp/none",
+            "AccountingStorageType=accounting_storage/none",
+            "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny",
+            f"NodeName={hostlists.compress(nodes)} CPUs=1 State=CLOUD",
+            "PartitionName=all Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+            "",
+        ]
+    )
+
+
+class CloudController:
+    """Start with ``with CloudController(topology_text, nodes, workdir) as ctl:``; stopped on exit."""
+
+    def __init__(self, topology_text: str, nodes: Sequence[str], workdir: Path, ctld_host: str | None = None) -> None:
+        self.workdir = workdir
+        self.nodes = tuple(nodes)
+        self.topology_text = topology_text
+        self.ctld_host = ctld_host or socket.gethostname()
+        self.conf = workdir / "slurm.conf"
+        self.client = SlurmClient(env={"SLURM_CONF": str(self.conf)}, timeout_s=60.0, retries=0)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._drained: set[str] = set()
+
+    def __enter__(self) -> "CloudController":
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        for sub in ("state", "spool"):
+            (self.workdir / sub).mkdir(parents=True, exist_ok=True)
+        self.conf.write_text(slurm_conf(self.workdir, self.nodes, self.ctld_host, free_ports(2)))
+        (self.workdir / "topology.conf").write_text(self.topology_text)
+        out = (self.workdir / "slurmctld.out").open("wb")
+        self._proc = subprocess.Popen(
+            ["slurmctld", "-D", "-i", "-f", str(self.conf)], stdout=out, stderr=subprocess.STDOUT, env=self.client.env
+        )
+        out.close()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise TestbedError(
+                    f"slurmctld exited with {self._proc.returncode}; see {self.workdir / 'slurmctld.out'} "
+                    f"and {self.workdir / 'slurmctld.log'}"
+                )
+            ping = self.client.run(["scontrol", "ping"], check=False, retry=False)
+            if "is UP" in ping.stdout:
+                log.info("cloud slurmctld up with %d nodes (pid %d)", len(self.nodes), self._proc.pid)
+                return
+            time.sleep(0.2)
+        self.stop()
+        raise TestbedError(f"slurmctld did not answer within {timeout_s} s; see {self.workdir / 'slurmctld.log'}")
+
+    def stop(self) -> None:
+        """Stop the controller this object started (and nothing else)."""
+        if self._proc is None:
+            return
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout=15)
+        self._proc = None
+
+    def set_unavailable(self, nodes: Collection[str]) -> None:
+        """Drain exactly ``nodes``: resume those drained before and no longer listed."""
+        wanted = set(nodes)
+        resume = self._drained - wanted
+        drain = wanted - self._drained
+        if resume:
+            self._update(resume, "State=RESUME")
+        if drain:
+            self._update(drain, "State=DRAIN", "Reason=unavailable")
+        self._drained = wanted
+
+    def _update(self, nodes: Collection[str], *settings: str) -> None:
+        self.client.run(["scontrol", "update", f"NodeName={hostlists.compress(nodes)}", *settings])
+
+    def placement(self, count: int) -> tuple[str, ...] | None:
+        """Nodes ``sbatch --test-only -N count --exclusive`` would start on; None if Slurm cannot place it."""
+        result = self.client.run(
+            ["sbatch", "--test-only", "-N", str(count), "--exclusive", "--wrap", "true"], check=False, retry=False
+        )
+        match = _PLACED.search(result.stderr + result.stdout)
+        if match:
+            return tuple(hostlists.expand(match.group(1), "sbatch --test-only"))
+        if result.returncode != 0 and "Requested node configuration is not available" in result.stderr:
+            return None
+        if result.returncode != 0:
+            raise SlurmError(f"sbatch --test-only -N {count} failed: {result.stderr.strip()}")
+        raise SlurmError(f"sbatch --test-only -N {count}: no node list in {result.stderr.strip()!r}")
+
+    def show_topology(self) -> str:
+        return self.client.run(["scontrol", "show", "topology"]).stdout
