@@ -6,7 +6,8 @@ Three executors take the same validated job:
   the script itself forwards the signal and requeues on the exit-code contract.
 - ``submitit``: submitit's SlurmExecutor with the same resources and selection;
   submitit requeues through :class:`~air_hpc.launch.entry.TrainingEntry`'s
-  ``checkpoint``. submitit runs ``sbatch`` itself, outside our client.
+  ``checkpoint``. submitit runs ``sbatch`` itself, outside our client, with
+  this process's environment (so ``SLURM_CONF`` must be exported).
 - ``local``: submitit's LocalExecutor on this machine (one node).
 
 The run directory records the resolved config (job.json), the script
@@ -17,7 +18,7 @@ resume all start from it.
 import logging
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,11 +147,13 @@ def plan(
     *,
     python: str | None = None,
     test_only: bool = False,
+    step_command: Sequence[str] | None = None,
 ) -> Plan:
     """Choose nodes (live state when a client is given), render, and optionally ``sbatch --test-only`` it.
 
     ``test_only`` is skipped with a note when the controller does not answer:
-    the render itself needs no cluster.
+    the render itself needs no cluster. ``step_command`` replaces the training
+    step (tests run small payloads through the same script).
     """
     available = None
     notes: list[str] = []
@@ -161,7 +164,7 @@ def plan(
             notes.append(f"live node state unavailable ({exc}); assuming every node is free")
     request, request_notes = node_request(job, available)
     notes.extend(request_notes)
-    spec = build_spec(job, request, python=python)
+    spec = build_spec(job, request, python=python, step_command=step_command)
     script = render_script(spec)
     checked = None
     if test_only and client is not None:
@@ -192,13 +195,20 @@ def submit(
     *,
     python: str | None = None,
     entry: EntryFactory = default_entry,
+    step_command: Sequence[str] | None = None,
 ) -> Submission:
     """Validate, record and submit; returns once the job has an id (use :func:`wait` to follow it)."""
     if executor == "local" and job.resources.nodes != 1:
         raise ConfigError(
             f"resources.nodes: the local executor runs on one node, the job asks for {job.resources.nodes}"
         )
-    plan_ = plan(job, None if executor == "local" else client, python=python, test_only=executor != "local")
+    plan_ = plan(
+        job,
+        None if executor == "local" else client,
+        python=python,
+        test_only=executor != "local",
+        step_command=step_command,
+    )
     for note in plan_.notes:
         log.info("%s", note)
     run_dir = write_run(plan_)

@@ -1,0 +1,209 @@
+"""Render, submit, follow, requeue and cancel real jobs on the Slurm testbed.
+
+The batch scripts are the real rendered template; only the training step is
+replaced by a small payload (``PAYLOAD``) so each job takes seconds. Run
+directories live under tmp_path, which every emulated node shares.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import hostlist
+import pytest
+
+from air_hpc.config import load_job
+from air_hpc.exitcodes import ExitCode
+from air_hpc.launch.control import run_status
+from air_hpc.launch.runs import read_jsonl, record_submission
+from air_hpc.launch.submit import Submission, plan, submit
+from air_hpc.rundir import RunDir
+from air_hpc.slurm.jobs import JobState
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+JOBS = sorted((REPO / "configs" / "jobs").glob("*.yaml"))
+TESTBED_JOB = REPO / "configs" / "jobs" / "gpt-tiny-testbed.yaml"
+AIR_HPC = str(REPO / ".venv" / "bin" / "air-hpc")
+
+#: argv: MODE RUN_DIR REQUEUE_CODE. quick: print and exit 0; wait: wait for USR2 (or TERM);
+#: requeue: on the first start wait for USR2 and exit REQUEUE_CODE, on a restart exit 0.
+PAYLOAD = """
+import os, signal, socket, sys, time
+from pathlib import Path
+
+mode, run_dir, requeue_code = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+rank = os.environ["SLURM_PROCID"]
+print(f"rank {rank} on {socket.gethostname()} restart {restart}", flush=True)
+if mode == "quick" or (mode == "requeue" and restart > 0):
+    sys.exit(0)
+got = []
+signal.signal(signal.SIGUSR2, lambda *_: got.append(1))
+(run_dir / f"ready-{restart}-{rank}").touch()
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline and not got:
+    time.sleep(0.05)
+print(f"rank {rank} got USR2", flush=True)
+sys.exit(requeue_code if got else 1)
+"""
+
+
+class Entry:
+    """A picklable stand-in for TrainingEntry under submitit: reports where each rank ran."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+
+    def __call__(self) -> tuple[str, str]:
+        return os.environ["SLURM_PROCID"], socket.gethostname()
+
+
+@pytest.fixture
+def payload(tmp_path: Path) -> Path:
+    path = tmp_path / "payload.py"
+    path.write_text(PAYLOAD)
+    return path
+
+
+def cli(testbed: Any, *args: str, conf: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **testbed.env}
+    if conf is not None:
+        env["SLURM_CONF"] = str(conf)
+    return subprocess.run([AIR_HPC, *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def submit_payload(testbed: Any, tmp_path: Path, payload: Path, mode: str, name: str, *overrides: str) -> Submission:
+    job = load_job(TESTBED_JOB, [f"run.root={tmp_path}", f"run.name={name}", *overrides])
+    command = [sys.executable, str(payload), mode, str(job.run.dir), str(int(ExitCode.REQUEUE))]
+    return submit(job, "slurm", testbed.client, step_command=command)
+
+
+def wait_for(predicate: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+def wait_ready(run_dir: Path, ranks: int, restart: int = 0) -> None:
+    wait_for(lambda: len(list(run_dir.glob(f"ready-{restart}-*"))) == ranks, 60, f"{ranks} ranks to start")
+
+
+def wait_state(testbed: Any, job_id: str, timeout_s: float = 90) -> JobState:
+    seen: list[JobState] = []
+
+    def final() -> bool:
+        status = testbed.client.job_status(job_id)
+        seen.append(status.state if status else JobState.UNKNOWN)
+        return status is not None and status.state.terminal
+
+    wait_for(final, timeout_s, f"job {job_id} to end (states seen: {sorted(set(map(str, seen)))})")
+    return seen[-1]
+
+
+@pytest.mark.parametrize("job_file", JOBS, ids=lambda p: p.stem)
+def test_every_example_passes_sbatch_test_only(testbed: Any, tmp_path: Path, job_file: Path) -> None:
+    planned = plan(load_job(job_file, [f"run.root={tmp_path}"]), testbed.client, test_only=True)
+    assert planned.test_only is not None, planned.notes
+    assert hostlist.expand_hostlist(planned.test_only.nodelist)
+
+
+def test_two_node_job_runs_and_status_and_logs_follow_it(testbed: Any, tmp_path: Path, payload: Path) -> None:
+    done = submit_payload(
+        testbed, tmp_path, payload, "quick", "two-node", f"cluster.topology_file={testbed.topology_conf}"
+    )
+    pinned = hostlist.expand_hostlist(done.plan.request.nodelist)
+    assert len(pinned) == 2 and len(done.plan.request.rank_hosts) == 4
+
+    states: list[str] = []
+
+    def completed() -> bool:
+        result = cli(testbed, "status", str(done.run_dir), "--json")
+        assert result.returncode == 0, result.stderr
+        states.append(json.loads(result.stdout)["state"])
+        return states[-1] == "COMPLETED"
+
+    wait_for(completed, 60, "status to report COMPLETED")
+    result = cli(testbed, "status", str(done.run_dir))
+    assert "COMPLETED" in result.stdout and done.job_id in result.stdout
+
+    logs = cli(testbed, "logs", str(done.run_dir))
+    assert logs.returncode == 0, logs.stderr
+    for host in pinned:
+        assert f"on {host} restart 0" in logs.stdout, logs.stdout
+    rank0 = cli(testbed, "logs", str(done.run_dir), "--rank", "0")
+    assert rank0.stdout.strip() == f"0: rank 0 on {done.plan.request.rank_hosts[0]} restart 0"
+
+
+def test_usr2_to_the_batch_shell_requeues_once_then_completes(testbed: Any, tmp_path: Path, payload: Path) -> None:
+    done = submit_payload(testbed, tmp_path, payload, "requeue", "requeue", "resilience.max_restarts=1")
+    wait_ready(done.run_dir, 4)
+    testbed.client.scancel(done.job_id, signal="USR2", batch=True)
+    assert wait_state(testbed, done.job_id) is JobState.COMPLETED
+
+    starts = [r for r in read_jsonl(RunDir(done.run_dir).submissions) if r.get("event") == "started"]
+    assert [(r["job_id"], r["restart_count"]) for r in starts] == [(done.job_id, 0), (done.job_id, 1)]
+    status = run_status(RunDir(done.run_dir), testbed.client)
+    assert status.job.state is JobState.COMPLETED and status.restarts == 1
+    out = (RunDir(done.run_dir).logs / f"slurm-{done.job_id}.out").read_text()
+    assert out.count("got USR2") == 4 and out.count("restart 1") == 4
+
+
+def test_cancel_ends_a_running_job(testbed: Any, tmp_path: Path, payload: Path) -> None:
+    done = submit_payload(testbed, tmp_path, payload, "wait", "cancel")
+    wait_ready(done.run_dir, 4)
+    result = cli(testbed, "cancel", str(done.run_dir))
+    assert result.returncode == 0 and f"cancelled job {done.job_id}" in result.stdout
+    assert wait_state(testbed, done.job_id, 30) is JobState.CANCELLED
+
+
+def test_hostile_job_name_reaches_slurm_verbatim(testbed: Any, tmp_path: Path) -> None:
+    name = 'x"; touch pwned; echo " #$(id) `id` \\ it\'s'
+    job = load_job(TESTBED_JOB, [f"run.root={tmp_path}", "placement.topology_aware=false"])
+    job = job.model_copy(update={"run": job.run.model_copy(update={"name": name})})
+    planned = plan(job, None)
+    script = tmp_path / "hostile.sbatch"
+    script.write_text(planned.script)
+    RunDir.of(job).logs.mkdir(parents=True)
+    job_id = testbed.client.sbatch(script, ["--hold"])
+    try:
+        (record,) = testbed.client.squeue([job_id])
+        assert record.name == name
+        shown = testbed.client.run(["scontrol", "show", "job", job_id]).stdout
+        assert f"StdOut={RunDir.of(job).logs}/slurm-{job_id}.out" in shown
+    finally:
+        testbed.client.scancel(job_id)
+    assert not list(tmp_path.rglob("pwned")) and not Path("pwned").exists()
+
+
+def test_submitit_executor_runs_on_the_testbed(testbed: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # submitit runs sbatch itself with this process's environment, not through our client.
+    monkeypatch.setenv("SLURM_CONF", testbed.env["SLURM_CONF"])
+    job = load_job(TESTBED_JOB, [f"run.root={tmp_path}", "run.name=submitit"])
+    done = submit(job, "submitit", testbed.client, entry=Entry)
+    assert wait_state(testbed, done.job_id, 90) is JobState.COMPLETED
+    assert (done.run_dir / "submitit").is_dir()
+    assert run_status(RunDir(done.run_dir), testbed.client).job.state is JobState.COMPLETED
+
+
+def test_status_with_controller_down_is_one_line_and_nonzero(testbed: Any, tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    conf_text = Path(testbed.env["SLURM_CONF"]).read_text()
+    lines = [line for line in conf_text.splitlines() if not line.startswith(("SlurmctldPort=", "MessageTimeout="))]
+    down = tmp_path / "slurm.conf"
+    down.write_text("\n".join([*lines, f"SlurmctldPort={closed_port}", "MessageTimeout=2", ""]))
+    run = RunDir(tmp_path / "run")
+    record_submission(run, "1", "slurm")
+    result = cli(testbed, "status", str(run.path), conf=down)
+    assert result.returncode == ExitCode.UNREACHABLE
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: Slurm controller unreachable")
