@@ -27,6 +27,8 @@ COMMANDS: dict[str, str] = {
     "testbed": "air_hpc.cli.testbed_cmd:testbed",
     "data": "air_hpc.cli.data_cmd:data",
     "ckpt": "air_hpc.cli.ckpt_cmd:ckpt",
+    "plot": "air_hpc.cli.observe_cmds:plot",
+    "report": "air_hpc.cli.observe_cmds:report",
     "topo": "air_hpc.cli.topo_cmd:topo",
 }
 

@@ -143,8 +143,12 @@ class HealthConfig(Section):
     heartbeat_setup_s: int = Field(600, ge=1, description="Max seconds without progress during setup.")
     heartbeat_step_s: int = Field(300, ge=1, description="Max seconds without progress inside a step.")
     heartbeat_checkpoint_s: int = Field(900, ge=1, description="Max seconds without progress in a checkpoint.")
+    watchdog: bool = Field(True, description="Run the hang watchdog in every rank (heartbeat_* limits).")
     preflight: bool = Field(True, description="Run the pre-flight health check on each node before training.")
     min_free_disk_gb: float = Field(1.0, ge=0, description="Free space required in the checkpoint directory.")
+    min_ib_rate_gbps: float = Field(
+        0, ge=0, description="Slowest acceptable rate of each hardware.hcas port in ibstat (0: state only)."
+    )
 
 
 class PlacementConfig(Section):

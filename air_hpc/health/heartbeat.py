@@ -1,0 +1,145 @@
+"""Per-rank heartbeats: what each rank is doing (setup / step / checkpoint) and since when.
+
+Each rank owns one small JSON file under ``<run>/heartbeat/<generation>/``,
+replaced atomically on every beat (write + rename, no fsync: a beat is
+worth nothing after a crash, and it must be cheap enough for every step).
+The generation (``<job id>-<restart count>``) keeps the files of one start of
+the job apart from those of the previous start. The watchdog of a rank keeps
+the last beat in memory, so checking it costs no file access; the files are
+read only to diagnose a hang and to show progress.
+
+Also here: the start's verdict file. When ranks exit because of a hang or a
+failed pre-flight check, ``srun`` kills the others and reports *their*
+signal (143), not ours; the batch script therefore reads the exit code the
+ranks agreed on from ``<generation>/exit_code``.
+"""
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal, cast, get_args
+
+from air_hpc.exitcodes import ExitCode
+from air_hpc.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+Phase = Literal["setup", "step", "checkpoint", "done"]
+PHASES: tuple[Phase, ...] = get_args(Phase)
+
+#: File in a generation directory holding the exit code the batch script should act on.
+EXIT_CODE_FILE = "exit_code"
+
+
+@dataclass(frozen=True)
+class Beat:
+    rank: int
+    host: str
+    pid: int
+    phase: Phase
+    step: int
+    """The step being trained (or checkpointed); 0 during setup."""
+    time_s: float
+    """Wall-clock time of the beat (``time.time()``; compared across nodes, so clocks must be synced)."""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+def generation(environ: Mapping[str, str]) -> str:
+    """``<job id>-<restart count>``: the same on every rank of one start, new on each requeue.
+
+    The batch script computes the same name in bash (``$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}``).
+    """
+    job_id = environ.get("SLURM_JOB_ID") or environ.get("SUBMITIT_LOCAL_JOB_ID") or "local"
+    return f"{job_id}-{environ.get('SLURM_RESTART_COUNT') or 0}"
+
+
+def generation_dir(run_dir: RunDir, name: str) -> Path:
+    return run_dir.heartbeat / name
+
+
+def beat_path(directory: Path, rank: int) -> Path:
+    return directory / f"rank-{rank:05d}.json"
+
+
+class Heartbeat:
+    """This rank's heartbeat: the last beat in memory (for the watchdog) and in its file (for everyone else)."""
+
+    def __init__(self, directory: Path, rank: int, host: str, clock: Callable[[], float] = time.time) -> None:
+        self.directory = directory
+        self.rank = rank
+        self.host = host
+        self._clock = clock
+        self._path = beat_path(directory, rank)
+        self._tmp = self._path.with_name(f".{self._path.name}.tmp")
+        directory.mkdir(parents=True, exist_ok=True)
+        self.last = Beat(rank, host, os.getpid(), "setup", 0, clock())
+        self._write(self.last)
+
+    def beat(self, phase: Phase, step: int | None = None) -> None:
+        """Record progress: entering ``phase`` (or making progress in it) at ``step`` (unchanged when None)."""
+        if phase not in PHASES:
+            raise ValueError(f"heartbeat phase {phase!r} is not one of {', '.join(PHASES)}")
+        self.last = Beat(
+            self.rank, self.host, self.last.pid, phase, self.last.step if step is None else step, self._clock()
+        )
+        self._write(self.last)
+
+    def _write(self, beat: Beat) -> None:
+        try:
+            self._tmp.write_text(beat.to_json())
+            os.replace(self._tmp, self._path)
+        except OSError as exc:
+            # A full or flaky filesystem must not stop training; the in-memory beat still guards the rank.
+            log.warning("heartbeat %s not written: %s", self._path, exc)
+
+
+def read_beats(directory: Path) -> dict[int, Beat]:
+    """Every rank's last beat in a generation directory; unreadable files are skipped."""
+    beats: dict[int, Beat] = {}
+    for path in sorted(directory.glob("rank-*.json")):
+        try:
+            raw = json.loads(path.read_text())
+            phase = raw["phase"]
+            if phase not in PHASES:
+                raise ValueError(phase)
+            beat = Beat(
+                int(raw["rank"]),
+                str(raw["host"]),
+                int(raw["pid"]),
+                cast(Phase, phase),
+                int(raw["step"]),
+                float(raw["time_s"]),
+            )
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("skipping heartbeat %s: %s", path, exc)
+            continue
+        beats[beat.rank] = beat
+    return beats
+
+
+def write_exit_code(directory: Path, code: ExitCode) -> bool:
+    """Tell the batch script why this start's ranks exited; True for the first writer, who records the cause."""
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(directory / EXIT_CODE_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, f"{int(code)}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True
+
+
+def read_exit_code(directory: Path) -> int | None:
+    try:
+        return int((directory / EXIT_CODE_FILE).read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None

@@ -1,0 +1,109 @@
+"""One PNG of a run: loss, throughput and a timeline of starts, checkpoints and interruptions.
+
+The x axis is wall time since the first start, so an interruption shows as a
+gap in the curves and a shaded span in the timeline, with the steps trained
+again after it drawn on top of their lost first run.
+"""
+
+from pathlib import Path
+from typing import Any
+
+from air_hpc.observe.records import CHECKPOINT_KIND, PREEMPT_KINDS, RunRecords, StepRecord
+from air_hpc.observe.report import RunReport
+
+CAUSE_COLORS = {"preemption": "tab:orange", "hang": "tab:red", "unhealthy": "tab:purple", "unknown": "tab:gray"}
+
+
+def _segments(records: RunRecords, report: RunReport) -> list[list[StepRecord]]:
+    """Timed steps split at each restart, so lines are not drawn across an interruption."""
+    bounds = [r.interrupted_s for r in report.restarts]
+    segments: list[list[StepRecord]] = [[] for _ in range(len(bounds) + 1)]
+    for step in records.steps:
+        if step.time_s is None:
+            continue
+        index = sum(1 for b in bounds if step.time_s > b + 1e-9)
+        segments[index].append(step)
+    return segments
+
+
+def plot_run(records: RunRecords, report: RunReport, output: Path, title: str) -> Path:
+    """Draw the run and write ``output`` (PNG); returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t0 = report.first_start_s
+
+    def minutes(t: float) -> float:
+        return (t - t0) / 60.0
+
+    fig, (ax_loss, ax_tps, ax_time) = plt.subplots(
+        3, 1, figsize=(11, 8), sharex=True, gridspec_kw={"height_ratios": [3, 2, 1.4]}
+    )
+    for number, segment in enumerate(_segments(records, report)):
+        if not segment:
+            continue
+        label = "first start" if number == 0 else f"after restart {number}"
+        xs = [minutes(s.time_s or t0) for s in segment]
+        losses = [(x, s.loss) for x, s in zip(xs, segment, strict=True) if s.loss is not None]
+        if losses:
+            ax_loss.plot(*zip(*losses, strict=True), marker=".", markersize=3, linewidth=1, label=label)
+        rates = [(x, s.tokens_per_s) for x, s in zip(xs, segment, strict=True) if s.tokens_per_s is not None]
+        if rates:
+            ax_tps.plot(*zip(*rates, strict=True), marker=".", markersize=3, linewidth=1)
+    ax_loss.set_ylabel("loss")
+    ax_loss.legend(loc="upper right", fontsize=8)
+    ax_tps.set_ylabel("tokens/s")
+    _timeline(ax_time, records, report, minutes)
+    for restart in report.restarts:
+        color = CAUSE_COLORS.get(restart.cause, "tab:gray")
+        end = restart.resumed_s if restart.resumed_s is not None else report.last_activity_s
+        for ax in (ax_loss, ax_tps, ax_time):
+            ax.axvspan(minutes(restart.interrupted_s), minutes(end), color=color, alpha=0.15, linewidth=0)
+    ax_time.set_xlabel("minutes since the first start")
+    goodput = f"{100 * report.goodput:.1f}%" if report.goodput is not None else "n/a"
+    fig.suptitle(
+        f"{title}: step {report.steps_done}{f'/{report.total_steps}' if report.total_steps else ''}, "
+        f"{len(report.restarts)} restart(s), goodput {goodput}"
+    )
+    fig.tight_layout()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(output, dpi=110, format="png")
+    plt.close(fig)
+    return output
+
+
+def _timeline(ax: Any, records: RunRecords, report: RunReport, minutes: Any) -> None:
+    """Rows: training spans, checkpoints, interruptions (preemption signals, hangs, unhealthy nodes), starts."""
+    rows = {"train": 3, "checkpoint": 2, "interrupt": 1, "start": 0}
+    for segment in _segments(records, report):
+        timed = [s for s in segment if s.time_s is not None]
+        if timed:
+            began = minutes((timed[0].time_s or 0) - timed[0].step_time_s)
+            ax.broken_barh(
+                [(began, minutes(timed[-1].time_s or 0) - began)], (rows["train"] - 0.3, 0.6), color="tab:green"
+            )
+    saves = [minutes(e.time_s) for e in records.of_kind(CHECKPOINT_KIND)]
+    ax.scatter(saves, [rows["checkpoint"]] * len(saves), marker="v", color="tab:blue", zorder=3, label="checkpoint")
+    for kinds, color, marker, label in (
+        (PREEMPT_KINDS, CAUSE_COLORS["preemption"], "X", "preemption"),
+        (frozenset({"hang"}), CAUSE_COLORS["hang"], "X", "hang"),
+        (frozenset({"unhealthy"}), CAUSE_COLORS["unhealthy"], "X", "unhealthy node"),
+    ):
+        times = [minutes(e.time_s) for e in records.events if e.kind in kinds]
+        if times:
+            ax.scatter(times, [rows["interrupt"]] * len(times), marker=marker, s=80, color=color, zorder=3, label=label)
+    starts = [minutes(t) for t in records.starts_s] or [0.0]
+    ax.scatter(starts, [rows["start"]] * len(starts), marker="^", color="black", zorder=3, label="(re)start")
+    for restart in report.restarts:
+        ax.annotate(
+            f"restart {restart.number}: {restart.cause}",
+            (minutes(restart.interrupted_s), rows["interrupt"]),
+            xytext=(4, 6),
+            textcoords="offset points",
+            fontsize=8,
+        )
+    ax.set_yticks(list(rows.values()), list(rows))
+    ax.set_ylim(-0.7, 3.7)
+    ax.legend(loc="center left", bbox_to_anchor=(1.005, 0.5), fontsize=7)

@@ -1,0 +1,126 @@
+"""A run's history as typed values, read from metrics.jsonl, events.jsonl and submissions.jsonl.
+
+``progress``, ``report`` and ``plot`` all start here, so the files are parsed
+in one place and torn or foreign lines are skipped the same way everywhere.
+"""
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from air_hpc.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+#: Event kinds that mean "this start was stopped from outside to be resumed later".
+PREEMPT_KINDS = frozenset({"signal", "preempt", "preempted", "stop", "stop_requested", "deadline", "time_limit"})
+#: Event kinds that end a start because a node failed.
+FAULT_KINDS = frozenset({"hang", "unhealthy"})
+CHECKPOINT_KIND = "checkpoint_saved"
+START_KIND = "start"
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step: int
+    time_s: float | None
+    """When the step finished (wall clock); None in files written before steps carried a time."""
+    step_time_s: float
+    loss: float | None
+    tokens_per_s: float | None
+
+
+@dataclass(frozen=True)
+class Event:
+    time_s: float
+    kind: str
+    fields: dict[str, Any]
+
+    def number(self, key: str) -> float | None:
+        value = self.fields.get(key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class RunRecords:
+    steps: tuple[StepRecord, ...]
+    events: tuple[Event, ...]
+    starts_s: tuple[float, ...]
+    """Wall-clock time of each start of the job (first start and every restart), ascending."""
+    total_steps: int | None
+    tokens_per_step: int | None
+
+    def of_kind(self, *kinds: str) -> tuple[Event, ...]:
+        return tuple(e for e in self.events if e.kind in kinds)
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            log.warning("%s:%d: skipping a line that is not JSON (torn write?)", path, number)
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def parse_steps(rows: list[dict[str, Any]]) -> tuple[StepRecord, ...]:
+    steps = []
+    for row in rows:
+        step, step_time = row.get("step"), _float(row.get("step_time_s"))
+        if not isinstance(step, int) or step_time is None:
+            continue
+        steps.append(
+            StepRecord(
+                step, _float(row.get("time")), step_time, _float(row.get("loss")), _float(row.get("tokens_per_s"))
+            )
+        )
+    return tuple(steps)
+
+
+def parse_events(rows: list[dict[str, Any]]) -> tuple[Event, ...]:
+    events = []
+    for row in rows:
+        when, kind = _float(row.get("time")), row.get("kind")
+        if when is None or not isinstance(kind, str):
+            continue
+        events.append(Event(when, kind, {k: v for k, v in row.items() if k not in ("time", "kind")}))
+    return tuple(sorted(events, key=lambda e: e.time_s))
+
+
+def start_times(events: tuple[Event, ...], submissions: list[dict[str, Any]]) -> tuple[float, ...]:
+    """Starts from the ranks' ``start`` events; else the batch script's ``started`` lines."""
+    starts = [e.time_s for e in events if e.kind == START_KIND]
+    if not starts:
+        starts = [t for row in submissions if row.get("event") == "started" and (t := _float(row.get("time")))]
+    return tuple(sorted(starts))
+
+
+def load_records(run_dir: RunDir) -> RunRecords:
+    events = parse_events(_jsonl(run_dir.events))
+    total = tokens = None
+    if run_dir.job_json.is_file():
+        job = run_dir.read_job()
+        total, tokens = job.train.steps, job.train.global_batch_size * job.model.seq_len
+    return RunRecords(
+        steps=parse_steps(_jsonl(run_dir.metrics)),
+        events=events,
+        starts_s=start_times(events, _jsonl(run_dir.submissions)),
+        total_steps=total,
+        tokens_per_step=tokens,
+    )

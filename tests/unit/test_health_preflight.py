@@ -1,0 +1,122 @@
+import os
+from pathlib import Path
+
+import pytest
+
+from air_hpc.config import load_job
+from air_hpc.config.models import JobConfig
+from air_hpc.exitcodes import ExitCode
+from air_hpc.health.badnodes import read_bad_nodes
+from air_hpc.health.heartbeat import read_exit_code
+from air_hpc.health.preflight import (
+    UnhealthyNodeError,
+    check_checkpoint_dir,
+    check_data,
+    check_gpus,
+    check_ib,
+    enforce,
+    run_preflight,
+)
+from air_hpc.resilience.events import read_events
+from air_hpc.rundir import RunDir
+from air_hpc.train import data
+
+REPO = Path(__file__).parent.parent.parent
+IBSTAT = REPO / "tests" / "data" / "ibstat"
+GB = 10**9
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog\n" * 20)
+    out = tmp_path / "corpus.h5"
+    data.prepare([text], out, data.ByteTokenizer())
+    return out
+
+
+def job(tmp_path: Path, corpus: Path, *overrides: str) -> JobConfig:
+    return load_job(
+        REPO / "configs" / "jobs" / "gpt-tiny-local.yaml",
+        [f"run.root={tmp_path / 'runs'}", f"data.path={corpus}", *overrides],
+    )
+
+
+def test_gpus_count_and_memory() -> None:
+    h100 = 85_520_809_984  # what torch reports for an 80 GB H100
+    assert check_gpus([h100] * 8, 8, 80).ok
+    missing = check_gpus([h100] * 7, 8, 80)
+    assert not missing.ok and missing.detail == "7 visible GPU(s), expected 8"
+    small = check_gpus([h100] * 7 + [40 * GB], 8, 80)
+    assert not small.ok and small.detail == "GPU 7 has 40.0 GB, expected 80 GB"
+
+
+def test_ib_ports_of_the_job_must_be_active() -> None:
+    text = (IBSTAT / "dgx_h100_mixed.txt").read_text()
+    assert check_ib(text, ("mlx5_0", "mlx5_2"), 0).ok
+    down = check_ib(text, ("mlx5_0", "mlx5_1", "mlx5_3", "mlx5_7"), 0)
+    assert not down.ok
+    assert down.detail == "mlx5_7 not present, mlx5_1:1 is Down/Polling, mlx5_3:1 is Initializing/LinkUp"
+    slow = check_ib(text, ("mlx5_0", "mlx5_2"), 400)
+    assert not slow.ok and slow.detail == "mlx5_2:1 runs at 200 Gb/s, expected 400"
+    assert check_ib(None, ("mlx5_0",), 400).ok
+
+
+def test_checkpoint_dir_writable_and_free(tmp_path: Path) -> None:
+    assert check_checkpoint_dir(tmp_path / "ckpt", 0.001).ok
+    full = check_checkpoint_dir(tmp_path / "ckpt", 1e12)
+    assert not full.ok and "health.min_free_disk_gb is 1e+12" in full.detail
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_read_only_checkpoint_dir_fails(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        result = check_checkpoint_dir(locked / "ckpt", 0)
+    finally:
+        locked.chmod(0o700)
+    assert not result.ok and "is not writable: Permission denied" in result.detail
+
+
+def test_data_must_be_readable(tmp_path: Path, corpus: Path) -> None:
+    assert check_data(corpus).ok
+    broken = tmp_path / "broken.h5"
+    broken.write_bytes(corpus.read_bytes()[:2048])
+    result = check_data(broken)
+    assert not result.ok and result.detail.startswith(f"{broken} is not readable")
+    assert not check_data(tmp_path / "missing.h5").ok
+
+
+def test_cpu_job_passes_and_is_only_logged(tmp_path: Path, corpus: Path) -> None:
+    cfg = job(tmp_path, corpus)
+    report = run_preflight(cfg, "n1", probe_gpus=lambda: pytest.fail("no GPU check on CPU"))
+    assert report.ok and [c.name for c in report.checks] == ["checkpoint dir", "data"]
+    run_dir = RunDir.of(cfg)
+    enforce(report, run_dir, run_dir.heartbeat / "1-0", rank=0)
+    assert read_bad_nodes(run_dir.bad_nodes) == ()
+
+
+def test_failing_node_is_recorded_and_raises_unhealthy(tmp_path: Path, corpus: Path) -> None:
+    base = job(tmp_path, corpus, "health.min_ib_rate_gbps=400")
+    cfg = base.model_copy(update={"hardware": base.hardware.model_copy(update={"hcas": ("mlx5_0", "mlx5_1")})})
+    ibstat = (IBSTAT / "dgx_h100_mixed.txt").read_text()
+    report = run_preflight(cfg, "n3", probe_ibstat=lambda: ibstat)
+    assert not report.ok
+    assert report.summary() == "node n3 failed pre-flight: infiniband: mlx5_1:1 is Down/Polling"
+    run_dir = RunDir.of(cfg)
+    generation = run_dir.heartbeat / "5-0"
+    with pytest.raises(UnhealthyNodeError, match="node n3 failed pre-flight") as caught:
+        enforce(report, run_dir, generation, rank=2)
+    assert caught.value.exit_code == ExitCode.UNHEALTHY
+    assert read_bad_nodes(run_dir.bad_nodes) == ("n3",)
+    assert read_exit_code(generation) == ExitCode.UNHEALTHY
+    (event,) = read_events(run_dir.events)
+    assert event["kind"] == "unhealthy" and event["node"] == "n3"
+    assert event["failed"] == {"infiniband": "mlx5_1:1 is Down/Polling"}
+    # A second rank on the same node adds neither a line nor an event.
+    with pytest.raises(UnhealthyNodeError):
+        enforce(report, run_dir, generation, rank=3)
+    assert len(run_dir.bad_nodes.read_text().splitlines()) == 1
+    assert len(read_events(run_dir.events)) == 1
