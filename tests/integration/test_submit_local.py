@@ -1,0 +1,70 @@
+"""The local executor (submitit's LocalExecutor): real worker processes, run records, status, wait."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from air_hpc.config import load_job
+from air_hpc.launch.control import run_status
+from air_hpc.launch.submit import TrainingFailed, submit, wait_local
+from air_hpc.rundir import RunDir
+from air_hpc.slurm.fake import FakeSlurm
+from air_hpc.slurm.jobs import JobState
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+LOCAL_JOB = REPO / "configs" / "jobs" / "gpt-tiny-local.yaml"
+
+
+class Steps:
+    """Stands in for TrainingEntry: rank 0 writes two metrics lines, every rank checks its environment."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+
+    def __call__(self) -> str:
+        import submitit
+
+        rank = submitit.JobEnvironment().global_rank
+        assert os.environ["OMP_NUM_THREADS"] == "1"
+        assert os.environ["AIR_HPC_PROBE"] == "it's $(not run)"
+        if rank == 0:
+            lines = [{"step": 1, "loss": 2.5}, {"step": 2, "loss": 2.25}]
+            RunDir(self.run_dir).metrics.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        return f"rank {rank}"
+
+
+class Fails:
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+
+    def __call__(self) -> None:
+        raise RuntimeError("boom in the payload")
+
+
+def local_job(tmp_path: Path, name: str):
+    job = load_job(
+        LOCAL_JOB, [f"run.root={tmp_path}", f"run.name={name}", "resources.tasks_per_node=2", "parallel.pp=1"]
+    )
+    return job.model_copy(update={"env": {**job.env, "AIR_HPC_PROBE": "it's $(not run)"}})
+
+
+def test_local_executor_runs_waits_and_reports(tmp_path: Path) -> None:
+    done = submit(local_job(tmp_path, "ok"), "local", FakeSlurm(), entry=Steps)
+    assert done.handle is not None
+    wait_local(done)
+    assert sorted(done.handle.results()) == ["rank 0", "rank 1"]
+    status = run_status(RunDir(done.run_dir), FakeSlurm())
+    assert status.submission.executor == "local" and status.job.state is JobState.COMPLETED
+    assert status.progress is not None and (status.progress.step, status.progress.loss) == (2, 2.25)
+    assert (done.run_dir / "submitit").is_dir() and RunDir(done.run_dir).job_json.is_file()
+
+
+def test_local_executor_failure_is_reported(tmp_path: Path) -> None:
+    done = submit(local_job(tmp_path, "fails"), "local", FakeSlurm(), entry=Fails)
+    with pytest.raises(TrainingFailed, match="failed"):
+        wait_local(done)
+    assert run_status(RunDir(done.run_dir), FakeSlurm()).job.state is JobState.FAILED
