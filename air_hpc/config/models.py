@@ -259,8 +259,14 @@ def _cross_field_problems(job: JobConfig) -> list[tuple[str, str]]:
         )
     if t.min_lr > t.lr:
         problems.append(("train.min_lr", f"{t.min_lr} is above train.lr = {t.lr}"))
-    if t.lr_warmup_steps > t.steps:
-        problems.append(("train.lr_warmup_steps", f"{t.lr_warmup_steps} is more than train.steps = {t.steps}"))
+    if t.lr_warmup_steps and t.lr_warmup_steps >= t.steps:
+        problems.append(
+            (
+                "train.lr_warmup_steps",
+                f"{t.lr_warmup_steps} must be less than train.steps = {t.steps} "
+                "(Megatron's schedule needs decay steps after warm-up; as many or more than train.steps leave none)",
+            )
+        )
     if hw.device == "cpu":
         if p.sequence_parallel:
             problems.append(

@@ -150,10 +150,12 @@ def distributed(env: DistEnv, layout: ParallelLayout, backend: Backend, timeout_
 
 
 def seed(ctx: ParallelContext, value: int) -> None:
-    """Seed Megatron's model-parallel RNG tracker, then every rank's default generators alike.
+    """Seed Megatron's model-parallel RNG tracker, then the default generators of each pipeline stage.
 
-    CPU initialisation builds each full weight from the default generator and
-    slices it, so the default generator must match on all ranks before building.
+    As in Megatron-LM, each pipeline stage is offset by ``100 * pp_rank`` so its layers
+    start from different draws; TP and DP ranks of one stage share the seed, because CPU
+    initialisation builds each full weight from the default generator and slices it,
+    and DP replicas must start identical.
     """
     import random
 
@@ -161,7 +163,8 @@ def seed(ctx: ParallelContext, value: int) -> None:
     import torch
     from megatron.core import tensor_parallel
 
-    tensor_parallel.model_parallel_cuda_manual_seed(value)
-    random.seed(value)
-    np.random.seed(value)
-    torch.manual_seed(value)
+    stage_seed = value + 100 * ctx.pp_rank
+    tensor_parallel.model_parallel_cuda_manual_seed(stage_seed)
+    random.seed(stage_seed)
+    np.random.seed(stage_seed)
+    torch.manual_seed(stage_seed)

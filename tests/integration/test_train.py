@@ -73,3 +73,14 @@ def test_tp2_pp2_learns_and_two_runs_are_bitwise_identical(tmp_path: Path, corpu
 def test_tp2_dp2_learns(tmp_path: Path, corpus: Path) -> None:
     run_dir, _ = train(tmp_path, corpus, "dp", "parallel.pp=1")
     assert_learning(losses(run_dir))
+
+
+def test_virtual_stages_give_the_same_step_with_and_without_tp(tmp_path: Path, corpus: Path) -> None:
+    """TP slices the same full weights (CPU init), so TP2 and TP1xDP2 must agree to float tolerance."""
+    tp2, _ = train(tmp_path, corpus, "vpp-tp2", "parallel.vpp=2", "train.steps=3")
+    tp1, _ = train(tmp_path, corpus, "vpp-tp1", "parallel.vpp=2", "parallel.tp=1", "train.steps=3")
+    a, b = read_metrics(tp2.metrics), read_metrics(tp1.metrics)
+    assert len(a) == len(b) == 3
+    for x, y in zip(a, b, strict=True):
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-5)
+        assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-4)
