@@ -13,14 +13,12 @@ joining their nodes: same node -> no switch, same leaf -> level 0 only, leaves
 under one spine -> levels 0 and 1, and so on.
 """
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from air_hpc.config.layout import ParallelLayout
 from air_hpc.errors import ConfigError
-from air_hpc.topology import hostlists
 from air_hpc.topology.fabric import Fabric
-from air_hpc.topology.place import Placement
 
 
 @dataclass(frozen=True)
@@ -64,12 +62,10 @@ class CostReport:
     def total_by_level(self) -> tuple[float, ...]:
         return tuple(a + b for a, b in zip(self.dp_bytes_by_level, self.pp_bytes_by_level, strict=True))
 
-
-def slurm_default(nodes: Iterable[str], tasks_per_node: int) -> Placement:
-    """What Slurm does without a hostfile: nodes sorted by name, ranks in blocks per node."""
-    order = tuple(hostlists.natural_sorted(nodes))
-    ranks = tuple(node for node in order for _ in range(tasks_per_node))
-    return Placement(node_order=order, ranks=ranks, tasks_per_node=tasks_per_node)
+    @property
+    def above_leaf_bytes(self) -> float:
+        """Bytes that climb above the leaves, once per level climbed: what placement can save."""
+        return sum(self.total_by_level[1:])
 
 
 def score(fabric: Fabric, ranks: Sequence[str], layout: ParallelLayout, traffic: Traffic) -> CostReport:

@@ -19,6 +19,12 @@ placement only chooses *which node* takes each block:
 - chains are ordered by switch order, so each DP ring (one unit per chain, same
   stage) walks the fabric leaf by leaf instead of jumping back and forth.
 
+Keeping pipelines on a leaf makes each DP ring span more leaves, so when the
+caller gives the step's :class:`~air_hpc.topology.cost.Traffic`, the cost model
+also scores whole stages in switch order (DP rings local, PP crossing) and
+Slurm's default (sorted hostnames), and the cheapest wins. Without traffic
+figures, pipelines on leaves is the rule.
+
 The result is one hostname per rank, ready for ``SLURM_HOSTFILE`` with
 ``srun --distribution=arbitrary``.
 """
@@ -29,6 +35,8 @@ from dataclasses import dataclass
 
 from air_hpc.config.layout import ParallelLayout
 from air_hpc.errors import ConfigError, TopologyError
+from air_hpc.topology import hostlists
+from air_hpc.topology.cost import Traffic, score
 from air_hpc.topology.fabric import Fabric
 from air_hpc.topology.select import NodeSelection
 
@@ -47,6 +55,8 @@ class Placement:
     tasks_per_node: int
     #: why placement fell back to plain switch order ("" when it did not)
     fallback: str = ""
+    #: which ordering won: "pipelines-on-leaves", "stages-in-switch-order", "sorted-hostnames", "switch-order"
+    strategy: str = "pipelines-on-leaves"
 
     def hostfile_text(self) -> str:
         """One hostname per rank: the SLURM_HOSTFILE for ``--distribution=arbitrary``."""
@@ -65,9 +75,15 @@ def place_selection(
     tasks_per_node: int,
     nvlink_domain_nodes: int = 1,
     nvlink_domains: Mapping[str, str] | None = None,
+    traffic: Traffic | None = None,
 ) -> Placement:
     """:func:`place` on the nodes of a :class:`NodeSelection`."""
-    return place(fabric, selection.nodes, layout, tasks_per_node, nvlink_domain_nodes, nvlink_domains)
+    return place(fabric, selection.nodes, layout, tasks_per_node, nvlink_domain_nodes, nvlink_domains, traffic)
+
+
+def slurm_default(nodes: Sequence[str], tasks_per_node: int) -> Placement:
+    """What Slurm does without a hostfile: nodes sorted by name, ranks in blocks per node."""
+    return _placement(hostlists.natural_sorted(nodes), tasks_per_node, "", "sorted-hostnames")
 
 
 def place(
@@ -77,6 +93,7 @@ def place(
     tasks_per_node: int,
     nvlink_domain_nodes: int = 1,
     nvlink_domains: Mapping[str, str] | None = None,
+    traffic: Traffic | None = None,
 ) -> Placement:
     """Order ``nodes`` (exactly world_size / tasks_per_node of them) so TP, PP and DP stay close."""
     if tasks_per_node < 1 or nvlink_domain_nodes < 1:
@@ -96,7 +113,7 @@ def place(
     unit, fallback = _unit_nodes(layout, tasks_per_node)
     if fallback:
         log.info("placement: %s; using switch order", fallback)
-        return _placement(ordered, tasks_per_node, fallback)
+        return _placement(ordered, tasks_per_node, fallback, "switch-order")
     if unit > nvlink_domain_nodes and nvlink_domains is None:
         raise ConfigError(
             f"tp={layout.tp} spans {unit} nodes of {tasks_per_node} tasks, but an NVLink domain holds "
@@ -104,13 +121,30 @@ def place(
         )
     units = _units(fabric, ordered, unit, nvlink_domain_nodes, nvlink_domains)
     chains = _chains(fabric, units, layout.pp)
-    node_order = [node for stage in range(layout.pp) for chain in chains for node in chain[stage]]
-    return _placement(node_order, tasks_per_node, "")
+    pipelines = [node for stage in range(layout.pp) for chain in chains for node in chain[stage]]
+    best = _placement(pipelines, tasks_per_node, "", "pipelines-on-leaves")
+    if traffic is None:
+        return best
+    candidates = [best, _placement([n for u in units for n in u], tasks_per_node, "", "stages-in-switch-order")]
+    if unit == 1:
+        candidates.append(slurm_default(nodes, tasks_per_node))
+    costs = [score(fabric, c.ranks, layout, traffic) for c in candidates]
+    pick = min(
+        range(len(candidates)), key=lambda i: (costs[i].above_leaf_bytes, tuple(reversed(costs[i].total_by_level)), i)
+    )
+    log.info(
+        "placement: %s (bytes above the leaves per step: %s)",
+        candidates[pick].strategy,
+        ", ".join(f"{c.strategy}={cost.above_leaf_bytes:.3g}" for c, cost in zip(candidates, costs, strict=True)),
+    )
+    return candidates[pick]
 
 
-def _placement(node_order: Sequence[str], tasks_per_node: int, fallback: str) -> Placement:
+def _placement(node_order: Sequence[str], tasks_per_node: int, fallback: str, strategy: str) -> Placement:
     ranks = tuple(node for node in node_order for _ in range(tasks_per_node))
-    return Placement(node_order=tuple(node_order), ranks=ranks, tasks_per_node=tasks_per_node, fallback=fallback)
+    return Placement(
+        node_order=tuple(node_order), ranks=ranks, tasks_per_node=tasks_per_node, fallback=fallback, strategy=strategy
+    )
 
 
 def _switch_position(fabric: Fabric, node: str) -> int:

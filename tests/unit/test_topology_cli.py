@@ -1,0 +1,128 @@
+"""``air-hpc topo import|show|select`` through the real CLI entry point (error boundary included)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from air_hpc.cli.main import main
+from air_hpc.topology import treeconf
+from air_hpc.topology.synthetic import fat_tree
+
+DATA = Path(__file__).parent.parent / "data" / "topology"
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        main(list(argv))
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def testbed_conf(tmp_path: Path) -> Path:
+    path = tmp_path / "topology.conf"
+    path.write_text(treeconf.render(fat_tree([2, 4, 2])))
+    return path
+
+
+def test_import_tree_to_stdout_reports_skips_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(
+        capsys,
+        "topo",
+        "import",
+        "--ibnetdiscover",
+        str(DATA / "dgx-superpod.ibnetdiscover"),
+        "--nodes",
+        "dgx-a09-[01-04],dgx-a10-[01-04]",
+    )
+    assert code == 0
+    fabric = treeconf.parse(out, "stdout")
+    assert len(fabric.nodes) == 8
+    assert "skipped: host ufm01" in err
+    assert "skipped: 21 SHARP aggregation node(s)" in err
+    assert "imported 8 compute nodes, 2 leaf switch(es), 2 level(s)" in err
+
+
+def test_import_block_to_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    csv = tmp_path / "nvlink.csv"
+    csv.write_text("".join(f"cn{i:03d}, uuid-a, {(i - 1) // 12}\n" for i in range(1, 25)) + "stray, uuid-a, 9\n")
+    target = tmp_path / "block.conf"
+    code, out, err = run(
+        capsys,
+        "topo",
+        "import",
+        "--ibnetdiscover",
+        str(DATA / "hpc-3level.ibnetdiscover"),
+        "--format",
+        "block",
+        "--nvlink-csv",
+        str(csv),
+        "-o",
+        str(target),
+    )
+    assert code == 0
+    assert out == ""
+    blocks = treeconf.parse_block(target.read_text(), "block.conf")
+    assert [b.nodes[0] for b in blocks.blocks] == ["cn001", "cn013"]
+    assert blocks.block_sizes == (12, 24)
+    assert "skipped: stray: in" in err
+
+
+def test_select_json(capsys: pytest.CaptureFixture[str], testbed_conf: Path, tmp_path: Path) -> None:
+    busy = tmp_path / "busy.txt"
+    busy.write_text("# drained\nn3\n\nn8  # broken\n")
+    code, out, _ = run(
+        capsys, "topo", "select", "--topology", str(testbed_conf), "-N", "4", "--unavailable-file", str(busy), "--json"
+    )
+    assert code == 0
+    data = json.loads(out)
+    assert data["nodelist"] == "n[4-7]"  # leaf2 (3 free) + leaf3 (1 free): a tight fit, leaf1 stays whole
+    assert data["leaf_switches"] == 2
+    assert {"nodelist", "nodes", "leaf_switches", "switches_by_level", "lower_bound_leaves", "switches_hint"} <= set(
+        data
+    )
+    assert len(data["nodes"]) == 4
+    assert not {"n3", "n8"} & set(data["nodes"])
+    assert data["switches_by_level"] == [data["leaf_switches"], 1]
+    assert data["switches_hint"] == data["leaf_switches"]
+
+
+def test_select_text(capsys: pytest.CaptureFixture[str], testbed_conf: Path) -> None:
+    code, out, _ = run(capsys, "topo", "select", "--topology", str(testbed_conf), "-N", "2", "--unavailable", "n1")
+    assert code == 0
+    assert "nodelist: n[7-8]" in out
+    assert "--switches=1" in out
+
+
+def test_show_counts_free_and_used(capsys: pytest.CaptureFixture[str], testbed_conf: Path) -> None:
+    code, out, _ = run(capsys, "topo", "show", str(testbed_conf), "--unavailable", "n[3-4]")
+    assert code == 0
+    assert "spine1 (level 1)  free 6/8  used 2" in out
+    assert "leaf2 (level 0)  free 2/4  used 2" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["select", "--topology", "{conf}", "-N", "9"], "9 nodes requested but only 8 of 8 are available"),
+        (["select", "--topology", "{conf}", "-N", "2", "--unavailable", "n[5-1]"], "--unavailable: bad hostlist"),
+        (["select", "--topology", "/nonexistent/topo.conf", "-N", "2"], "--topology: cannot read"),
+        (["show", "{bad}"], ":1: cannot parse 'garbage'"),
+        (["import", "--ibnetdiscover", "{bad}"], ":1: cannot parse 'SwitchName=x garbage'"),
+    ],
+)
+def test_errors_are_one_line_exit_2(
+    capsys: pytest.CaptureFixture[str], testbed_conf: Path, tmp_path: Path, argv: list[str], message: str
+) -> None:
+    bad = tmp_path / "bad.conf"
+    bad.write_text("SwitchName=x garbage\n")
+    argv = [a.format(conf=testbed_conf, bad=bad) for a in argv]
+    code, _, err = run(capsys, "topo", *argv)
+    assert code == 2
+    assert message in err
+    assert err.startswith("error: ")
+    assert err.count("\n") == 1
