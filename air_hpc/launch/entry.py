@@ -18,6 +18,7 @@ import hostlist
 import submitit
 
 from air_hpc.errors import ConfigError
+from air_hpc.health.guard import rank_guard
 from air_hpc.rundir import RunDir
 from air_hpc.train.parallel import DistEnv, apply_rank_order
 
@@ -101,9 +102,12 @@ class TrainingEntry(submitit.helpers.Checkpointable):
                     import torch
 
                     torch.cuda.set_device(env.local_rank)
+                heartbeat = stack.enter_context(
+                    rank_guard(job, run_dir, env.rank, env.world_size, env.hostname, os.environ)
+                )
                 backend: parallel.Backend = "gloo" if on_cpu else "nccl"
                 ctx = stack.enter_context(parallel.distributed(env, job.layout, backend, job.train.dist_timeout_s))
-                return trainer.train(job, run_dir, ctx)
+                return trainer.train(job, run_dir, ctx, heartbeat)
         except Exception:
             log.exception("rank %d failed", env.rank)
             raise

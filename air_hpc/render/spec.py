@@ -15,6 +15,7 @@ import hostlist
 from air_hpc.config.models import JobConfig, SignalName
 from air_hpc.errors import ConfigError
 from air_hpc.exitcodes import REQUEUE_WORTHY, ExitCode
+from air_hpc.health.heartbeat import EXIT_CODE_FILE
 from air_hpc.render.quoting import check_env_name, slurm_filename
 from air_hpc.rundir import RunDir
 
@@ -113,6 +114,9 @@ class SbatchSpec:
             "master_port_base": MASTER_PORT_BASE,
             "master_port_span": MASTER_PORT_SPAN,
             "hostfile_name": HOSTFILE_NAME,
+            "bad_nodes_name": RunDir(self.run_dir).bad_nodes.name,
+            "heartbeat_name": RunDir(self.run_dir).heartbeat.name,
+            "exit_code_file": EXIT_CODE_FILE,
         }
 
 

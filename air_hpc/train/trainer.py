@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from air_hpc.config.models import JobConfig
 from air_hpc.exitcodes import ExitCode
+from air_hpc.health.heartbeat import Heartbeat
 from air_hpc.rundir import RunDir
 from air_hpc.train import metrics as metrics_mod
 from air_hpc.train.data import CorpusInfo, TokenSamples, check_for_training
@@ -32,8 +33,11 @@ class RunSummary:
     exit_code: ExitCode
 
 
-def train(job: JobConfig, run_dir: RunDir, ctx: ParallelContext) -> RunSummary:
-    """Train from the first step to ``train.steps``; the caller owns the process groups."""
+def train(job: JobConfig, run_dir: RunDir, ctx: ParallelContext, heartbeat: Heartbeat | None = None) -> RunSummary:
+    """Train from the first step to ``train.steps``; the caller owns the process groups.
+
+    ``heartbeat`` hears of every step, so the watchdog can tell a slow step from a hung one.
+    """
     from air_hpc.train import model as model_mod
     from air_hpc.train import parallel
     from air_hpc.train.loop import StepRunner
@@ -50,6 +54,8 @@ def train(job: JobConfig, run_dir: RunDir, ctx: ParallelContext) -> RunSummary:
     started = time.perf_counter()
     try:
         for step in range(first_step, job.train.steps + 1):
+            if heartbeat is not None:
+                heartbeat.beat("step", step)
             result = runner.step(consumed)
             consumed += job.train.global_batch_size
             loss = result.loss

@@ -1,0 +1,68 @@
+"""One call for the entry point: pre-flight check, heartbeat and watchdog of a rank.
+
+``with rank_guard(...) as heartbeat:`` runs the pre-flight check (raising
+:class:`~air_hpc.health.preflight.UnhealthyNodeError` on a bad node), then
+starts the heartbeat in phase ``setup`` and the watchdog thread; the training
+loop calls ``heartbeat.beat("step", step)`` at each step and
+``heartbeat.beat("checkpoint", step)`` around saves.
+"""
+
+import logging
+import shutil
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+from air_hpc.config.models import JobConfig
+from air_hpc.health.heartbeat import Heartbeat, generation, generation_dir
+from air_hpc.health.preflight import enforce, run_preflight
+from air_hpc.health.watchdog import PhaseLimits, Watchdog
+from air_hpc.resilience.events import EventLog
+from air_hpc.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+#: Generation directories kept for post-mortems (the current start and the ones before it).
+KEEP_GENERATIONS = 3
+
+
+@contextmanager
+def rank_guard(
+    job: JobConfig, run_dir: RunDir, rank: int, world_size: int, host: str, environ: Mapping[str, str]
+) -> Iterator[Heartbeat]:
+    """Check this node, then watch this rank until the block ends."""
+    name = generation(environ)
+    directory = generation_dir(run_dir, name)
+    events = EventLog(run_dir.events)
+    if rank == 0:
+        events.emit("start", generation=name, world_size=world_size, host=host)
+        prune_generations(run_dir, keep=name)
+    if job.health.preflight:
+        enforce(run_preflight(job, host), run_dir, directory, rank)
+    heartbeat = Heartbeat(directory, rank, host)
+    watchdog = None
+    if job.health.watchdog:
+        watchdog = Watchdog(
+            heartbeat,
+            PhaseLimits.from_config(job.health),
+            world_size=world_size,
+            log_path=run_dir.rank_log(rank),
+            bad_nodes_path=run_dir.bad_nodes,
+            events=events,
+        ).start()
+    try:
+        yield heartbeat
+        heartbeat.beat("done")
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
+
+
+def prune_generations(run_dir: RunDir, keep: str) -> None:
+    """Remove the heartbeat directories of all but the newest starts (``keep`` always stays)."""
+    if not run_dir.heartbeat.is_dir():
+        return
+    others = sorted(
+        (p for p in run_dir.heartbeat.iterdir() if p.is_dir() and p.name != keep), key=lambda p: p.stat().st_mtime
+    )
+    for old in others[: max(len(others) - (KEEP_GENERATIONS - 1), 0)]:
+        shutil.rmtree(old, ignore_errors=True)
