@@ -21,13 +21,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from air_hpc.errors import CheckpointError
 from air_hpc.resilience import state
 from air_hpc.resilience.events import EventLog
 from air_hpc.resilience.signals import agree
-from air_hpc.resilience.store import Check, CheckpointStore
+from air_hpc.resilience.store import Check, CheckpointStore, record_hashes
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,18 @@ class _Pending:
     started_s: float
     stall_s: float
     reason: str
+    phases: dict[str, float]
+
+    def lap(self, phase: str, since: float) -> float:
+        now = time.perf_counter()
+        self.phases[phase] = round(now - since, 4)
+        return now
+
+
+def _write_and_hash(request: Any, staging: Path, rank: int, stage_to_host: bool) -> None:
+    """Write this rank's shards and record their sha256 (in the training process, or a forked writer)."""
+    state.run_request(request, stage_to_host=stage_to_host)
+    record_hashes(staging, f"rank{rank}", state.shard_files(request))
 
 
 class Checkpointer:
@@ -89,26 +102,39 @@ class Checkpointer:
 
         self.wait()
         started = time.perf_counter()
+        pending = _Pending(step, None, None, started, 0.0, reason, {})
         if self.rank == 0:
             self.store.begin(step)
         dist.barrier()
         staging = self.store.staging_dir(step)
-        request = state.prepare_save(staging, step, model_chunks, optimizer, scheduler, extra)
+        lap = pending.lap("begin", started)
+        pending.request = state.prepare_save(staging, step, model_chunks, optimizer, scheduler, extra)
+        lap = pending.lap("plan", lap)
         if sync or not self.async_save:
-            state.run_request(request, stage_to_host=self.device == "cuda")
-            self._finish(_Pending(step, request, None, started, 0.0, reason), sync=True)
+            _write_and_hash(pending.request, staging, self.rank, self.device == "cuda")
+            pending.lap("write", lap)
+            self._finish(pending, sync=True)
             dist.barrier()
             return
+        request = pending.request
         args = list(request.async_fn_args)
         if self.device == "cuda" and request.preload_fn is not None:
             args[1] = request.preload_fn()
-        process = None
+            lap = pending.lap("stage", lap)
         if request.async_fn is not None:
-            process = multiprocessing.get_context("fork").Process(
-                target=request.async_fn, args=args, kwargs=request.async_fn_kwargs, daemon=False
+            staged = request._replace(async_fn_args=tuple(args), preload_fn=None)
+            pending.process = multiprocessing.get_context("fork").Process(
+                target=_write_and_hash, args=(staged, staging, self.rank, False), daemon=False
             )
-            process.start()
-        self._pending = _Pending(step, request, process, started, time.perf_counter() - started, reason)
+            pending.process.start()
+            pending.lap("fork", lap)
+        pending.stall_s = time.perf_counter() - started
+        self._pending = pending
+
+    @property
+    def writing(self) -> bool:
+        """An async save is in flight and not yet finalized (the same answer on every rank)."""
+        return self._pending is not None
 
     def poll(self) -> bool:
         """Call once per step on every rank: finalizes an async save whose writers all finished."""
@@ -146,7 +172,9 @@ class Checkpointer:
             if self.rank == 0:
                 self._emit("checkpoint_failed", step=pending.step, why="a writer process failed")
             raise CheckpointError(f"saving step {pending.step}: a rank's writer process failed (see its log)")
+        lap = time.perf_counter()
         state.finalize_request(pending.request)
+        pending.lap("finalize", lap)
         if self.rank != 0:
             return
         if sync:
@@ -165,7 +193,9 @@ class Checkpointer:
             self._commit_error = exc
 
     def _commit_and_report(self, pending: _Pending, sync: bool) -> None:
+        lap = time.perf_counter()
         path = self.store.commit(pending.step)
+        pending.lap("commit", lap)
         manifest = self.store.verify(pending.step, check="size")
         seconds = time.perf_counter() - pending.started_s
         self._emit(
@@ -176,8 +206,10 @@ class Checkpointer:
             stall_s=round(seconds if sync else pending.stall_s, 4),
             path=str(path),
             reason=pending.reason,
+            phases=pending.phases,
             **{"async": not sync},
         )
+        log.info("saved step %d (%s): %s", pending.step, "sync" if sync else "async", pending.phases)
 
     def _emit(self, kind: str, **fields: Any) -> None:
         if self.events is not None:

@@ -246,6 +246,13 @@ def save(
     finalize_request(request)
 
 
+def shard_files(request: Any) -> list[Path]:
+    """The files this rank's ``async_fn`` writes (one per write bucket)."""
+    if request.async_fn is None:
+        return []
+    return [Path(bucket[0]) for bucket in request.async_fn_args[1]]
+
+
 def run_request(request: Any, stage_to_host: bool = False) -> None:
     """Write this rank's shards now, in this process."""
     args = list(request.async_fn_args)

@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
+#: Hashes computed by the ranks that wrote the files (``.sha256-<writer>.json``), merged at commit.
+WRITER_HASHES_PREFIX = ".sha256-"
 MANIFEST_FORMAT = 1
 _STEP_RE = re.compile(r"^step_(\d+)$")
 _STAGING_RE = re.compile(r"^\.tmp-step_(\d+)$")
@@ -130,6 +132,23 @@ def sha256_file(path: Path) -> str:
         while chunk := stream.read(_CHUNK_BYTES):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def record_hashes(staging: Path, writer: str, files: Iterable[Path], threads: int = 2) -> None:
+    """Called by each writer right after writing its files: hash them while they are in its page cache.
+
+    Spreads the cost of hashing over the ranks (and nodes) instead of re-reading everything on
+    rank 0; :meth:`CheckpointStore.commit` merges these records into the manifest.
+    """
+    paths = [Path(p) for p in files]
+
+    def one(path: Path) -> dict[str, object]:
+        digest = sha256_file(path)
+        return {"path": path.relative_to(staging).as_posix(), "bytes": path.stat().st_size, "sha256": digest}
+
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        entries = list(pool.map(one, paths))
+    _write_durably(staging / f"{WRITER_HASHES_PREFIX}{writer}.json", json.dumps(entries))
 
 
 def fsync_path(path: Path) -> None:
@@ -233,12 +252,24 @@ class CheckpointStore:
         return final
 
     def _hash_and_sync(self, directory: Path) -> list[FileEntry]:
+        known: dict[str, FileEntry] = {}
+        for record in sorted(directory.glob(f"{WRITER_HASHES_PREFIX}*.json")):
+            try:
+                for e in json.loads(record.read_text()):
+                    known[e["path"]] = FileEntry(str(e["path"]), int(e["bytes"]), str(e["sha256"]))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CheckpointError(f"{record}: unreadable hash record ({exc})") from exc
+            record.unlink()
         files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
 
         def one(path: Path) -> FileEntry:
-            digest = sha256_file(path)
+            name = path.relative_to(directory).as_posix()
+            size = path.stat().st_size
+            entry = known.get(name)
+            if entry is None or entry.bytes != size:
+                entry = FileEntry(name, size, sha256_file(path))
             fsync_path(path)
-            return FileEntry(path.relative_to(directory).as_posix(), path.stat().st_size, digest)
+            return entry
 
         with ThreadPoolExecutor(max_workers=self.hash_threads) as pool:
             entries = list(pool.map(one, files))

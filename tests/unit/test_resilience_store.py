@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from air_hpc.errors import CheckpointError, ConfigError
-from air_hpc.resilience.store import MANIFEST, CheckpointStore, retained_steps, step_name
+from air_hpc.resilience.store import MANIFEST, CheckpointStore, record_hashes, retained_steps, step_name
 
 
 def write_shards(store: CheckpointStore, step: int, payload: bytes | None = None) -> Path:
@@ -174,3 +174,36 @@ def test_bad_retention_settings(tmp_path: Path, keep_last: int, keep_every: int,
 def test_step_names_sort_and_parse() -> None:
     assert step_name(7) == "step_0000007"
     assert step_name(12345678) == "step_12345678"
+
+
+def test_commit_merges_hashes_recorded_by_the_writers(store: CheckpointStore) -> None:
+    staging = store.begin(7)
+    write_shards(store, 7)
+    record_hashes(staging, "rank0", [staging / "__0_0.distcp"])
+    recorded = json.loads((staging / ".sha256-rank0.json").read_text())
+    assert recorded[0]["path"] == "__0_0.distcp"
+    recorded[0]["sha256"] = "0" * 64  # a record is trusted for what its writer wrote...
+    (staging / ".sha256-rank0.json").write_text(json.dumps(recorded))
+    store.commit(7)
+    assert not list(store.path(7).glob(".sha256-*"))
+    files = {f.path: f for f in store.verify(7, check="size").files}
+    assert files["__0_0.distcp"].sha256 == "0" * 64
+    with pytest.raises(CheckpointError, match=r"__0_0\.distcp: sha256"):  # ...and verify catches a wrong one
+        store.verify(7)
+
+
+def test_a_record_for_a_file_that_changed_size_is_rehashed(store: CheckpointStore) -> None:
+    staging = store.begin(8)
+    write_shards(store, 8)
+    record_hashes(staging, "rank0", [staging / "common.pt"])
+    (staging / "common.pt").write_bytes(b"rewritten")
+    store.commit(8)
+    store.verify(8)
+
+
+def test_unreadable_hash_record(store: CheckpointStore) -> None:
+    staging = store.begin(9)
+    write_shards(store, 9)
+    (staging / ".sha256-rank3.json").write_text("[{")
+    with pytest.raises(CheckpointError, match=r"\.sha256-rank3\.json: unreadable hash record"):
+        store.commit(9)
