@@ -19,6 +19,7 @@ PREEMPT_KINDS = frozenset({"signal", "preempt", "preempted", "stop", "stop_reque
 #: Event kinds that end a start because a node failed.
 FAULT_KINDS = frozenset({"hang", "unhealthy"})
 CHECKPOINT_KIND = "checkpoint_saved"
+RESUME_KIND = "resume"
 START_KIND = "start"
 
 

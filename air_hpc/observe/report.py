@@ -3,10 +3,10 @@
 - goodput = productive training time / wall time since the first start, where
   productive time is the step time of every step that survived (a step
   trained again after a restart counts once, its lost first run not at all);
-- each restart loses the steps trained after the last checkpoint (trained
-  again later) plus its latency: from the end of the last step before the
-  interruption to the start of the first step after it (the preemption save,
-  the requeue wait, start-up and loading the checkpoint);
+- each restart loses the time spent on steps after the checkpoint it resumed
+  from (trained again later) plus its latency: from the interruption (the
+  stop, hang or unhealthy event) to the start of the first step after it
+  (the preemption save, the requeue wait, start-up and loading the checkpoint);
 - checkpoint overhead is the time training waited for saves (``stall_s`` of
   ``checkpoint_saved`` events; an async save stalls only while it snapshots).
 """
@@ -14,7 +14,7 @@
 import bisect
 from dataclasses import asdict, dataclass
 
-from air_hpc.observe.records import CHECKPOINT_KIND, FAULT_KINDS, PREEMPT_KINDS, RunRecords, StepRecord
+from air_hpc.observe.records import CHECKPOINT_KIND, FAULT_KINDS, PREEMPT_KINDS, RESUME_KIND, RunRecords, StepRecord
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Restart:
     cause: str
     """``preemption``, ``hang``, ``unhealthy`` or ``unknown``."""
     interrupted_s: float
-    """End of the last step before the interruption (the start time when that start trained nothing)."""
+    """When the start was stopped (its stop, hang or unhealthy event; else its last step or its start)."""
     resumed_s: float | None
     """Start of the first step after the restart; None while it has not trained yet."""
     lost_steps: int
@@ -65,18 +65,31 @@ def _began_s(step: StepRecord) -> float | None:
     return None if step.time_s is None else step.time_s - step.step_time_s
 
 
-def _cause(records: RunRecords, since_s: float, until_s: float) -> str:
-    kinds = [e.kind for e in records.events if since_s <= e.time_s < until_s]
-    for kind in reversed(kinds):
-        if kind in FAULT_KINDS:
-            return kind
-        if kind in PREEMPT_KINDS:
-            return "preemption"
-    return "unknown"
+def _interruption(records: RunRecords, since_s: float, until_s: float) -> tuple[str, float | None, int | None]:
+    """(cause, time, last completed step) of what ended the start running from ``since_s`` to ``until_s``."""
+    for event in reversed([e for e in records.events if since_s <= e.time_s < until_s]):
+        step = event.number("step")
+        if event.kind in FAULT_KINDS:
+            # A hang is noticed inside the step it names; that step did not complete.
+            return event.kind, event.time_s, int(step) - 1 if step is not None else None
+        if event.kind in PREEMPT_KINDS:
+            return "preemption", event.time_s, int(step) if step is not None else None
+    return "unknown", None, None
+
+
+def _resumed_from(records: RunRecords, since_s: float, until_s: float) -> int:
+    """The checkpoint step a start resumed from (0: from scratch)."""
+    steps = [e.number("step") for e in records.of_kind(RESUME_KIND) if since_s <= e.time_s < until_s]
+    return int(steps[0]) if steps and steps[0] is not None else 0
 
 
 def build_report(records: RunRecords) -> RunReport | None:
-    """The report of a run that has trained or started at least once; None before that."""
+    """The report of a run that has trained or started at least once; None before that.
+
+    Works whether the trainer kept the records of steps it trained again
+    (then they are counted) or dropped them on resume (then the interruption's
+    event says which step was reached, and time tells the rest).
+    """
     timed = [s for s in records.steps if s.time_s is not None]
     starts = list(records.starts_s)
     first_step_began = min((b for s in timed if (b := _began_s(s)) is not None), default=None)
@@ -92,21 +105,27 @@ def build_report(records: RunRecords) -> RunReport | None:
     last_index = {s.step: i for i, s in enumerate(records.steps)}
     survivors = [records.steps[i] for i in sorted(last_index.values())]
     productive = sum(s.step_time_s for s in survivors)
+    bounds = [*starts[1:], float("inf")]
     restarts = []
     for number in range(1, len(starts)):
         before, after = segments[number - 1], segments[number]
-        redone = {s.step for seg in segments[number:] for s in seg}
-        lost = [s for s in before if s.step in redone]
-        interrupted = max((s.time_s or 0.0 for s in before), default=starts[number - 1])
+        kept_through = _resumed_from(records, starts[number], bounds[number])
+        cause, stopped_s, reached = _interruption(records, starts[number - 1], starts[number])
+        last_row_s = max((s.time_s or 0.0 for s in before), default=None)
+        interrupted = stopped_s if stopped_s is not None else (last_row_s or starts[number - 1])
+        kept = [s.time_s or 0.0 for s in before if s.step <= kept_through]
+        lost_from_s = max(kept) if kept else (min((_began_s(s) or 0.0 for s in before), default=interrupted))
+        lost_rows = [s for s in before if s.step > kept_through]
+        reached = max([s.step for s in before] + ([reached] if reached is not None else []), default=kept_through)
         resumed = min((b for s in after if (b := _began_s(s)) is not None), default=None)
         restarts.append(
             Restart(
                 number=number,
-                cause=_cause(records, starts[number - 1], starts[number]),
+                cause=cause,
                 interrupted_s=interrupted,
                 resumed_s=resumed,
-                lost_steps=len(lost),
-                lost_compute_s=sum(s.step_time_s for s in lost),
+                lost_steps=max(len(lost_rows), reached - kept_through, 0),
+                lost_compute_s=max(interrupted - lost_from_s, 0.0),
                 latency_s=None if resumed is None else resumed - interrupted,
             )
         )

@@ -6,7 +6,8 @@ runs (or a run and its resumed twin) compare bit for bit.
 
 import json
 import logging
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -32,6 +33,8 @@ class StepMetrics:
     tokens_per_s: float
     step_time_s: float
     mfu: float | None = None
+    time: float = field(default_factory=time.time)
+    """When the step finished (wall clock): the x axis of ``air-hpc plot`` and the basis of goodput."""
 
     def to_json(self) -> str:
         record = asdict(self)

@@ -53,17 +53,34 @@ def test_goodput_and_what_the_restart_cost(tmp_path: Path) -> None:
     assert (restart.cause, restart.lost_steps, restart.interrupted_s, restart.resumed_s) == (
         "preemption",
         3,
-        1010.0,
+        1010.5,
         1033.0,
     )
-    assert restart.latency_s == pytest.approx(23.0)
+    assert restart.lost_compute_s == pytest.approx(3.5)  # from the end of step 5 (resumed from) to the signal
+    assert restart.latency_s == pytest.approx(22.5)
     assert restart.lost_s == pytest.approx(26.0)
     assert report.checkpoints == 2
     assert report.checkpoint_stall_s == pytest.approx(0.3)
     assert report.checkpoint_write_s == pytest.approx(0.9)
     text = format_report(report)
     assert "goodput      26.0%" in text
-    assert "#1 preemption lost 3 step(s) (3.0 s) + restart latency 23.0 s = 26.0 s" in text
+    assert "#1 preemption lost 3 step(s) (3.5 s) + restart latency 22.5 s = 26.0 s" in text
+
+
+def test_metrics_without_the_steps_trained_again(tmp_path: Path) -> None:
+    """The trainer may drop the records after the checkpoint on resume: the hang event says how far it got."""
+    run_dir = preempted_run(tmp_path)
+    rows = run_dir.metrics.read_text().splitlines(keepends=True)
+    run_dir.metrics.write_text("".join(rows[:5] + rows[8:]))
+    run_dir.events.write_text(
+        run_dir.events.read_text().replace('"kind": "signal", "signal": "SIGUSR2"', '"kind": "hang", "step": 9')
+    )
+    report = build_report(load_records(run_dir))
+    assert report is not None
+    assert report.productive_s == pytest.approx(10.0)
+    (restart,) = report.restarts
+    assert (restart.cause, restart.lost_steps) == ("hang", 3)
+    assert restart.lost_s == pytest.approx(26.0)
 
 
 def test_a_run_without_restarts_or_start_events(tmp_path: Path) -> None:
