@@ -149,6 +149,22 @@ def test_no_domain_at_all_is_an_error() -> None:
         treeconf.blocks_from_domains({}, "n.csv")
 
 
+@pytest.mark.parametrize(
+    ("names", "expected"),
+    [
+        (["n01", "n02", "n03", "n5"], "n[01-03,5]"),
+        (["n5", "n01", "a1", "n02"], "a1,n[01-02,5]"),
+        (["n9", "n10", "n11"], "n[9-11]"),
+        (["n8", "n09", "n010"], "n[8,09,010]"),
+        # Slurm rejects a range followed by a suffix ("R[01-02]-IBSPINE"): only trailing numbers are ranged
+        (["R01-IBSPINE", "R02-IBSPINE"], "R01-IBSPINE,R02-IBSPINE"),
+        (["dgx-a09-01", "dgx-a09-02", "dgx-a10-01"], "dgx-a09-[01-02],dgx-a10-01"),
+    ],
+)
+def test_compress_like_scontrol(names: list[str], expected: str) -> None:
+    assert hostlists.compress(names) == expected
+
+
 def test_blocks_from_leaves() -> None:
     blocks = treeconf.blocks_from_leaves(fat_tree([4, 4, 4, 3]))
     assert [b.name for b in blocks.blocks] == ["block1", "block2", "block3", "block4"]
@@ -157,10 +173,11 @@ def test_blocks_from_leaves() -> None:
 
 # -------------------------------------------------------------- properties
 names = st.builds(
-    lambda prefix, width, number: f"{prefix}{number:0{width}d}",
-    st.sampled_from(["n", "gpu", "dgx-a09-", "node_"]),
+    lambda prefix, width, number, suffix: f"{prefix}{number:0{width}d}{suffix}",
+    st.sampled_from(["n", "gpu", "dgx-a09-", "node_", "n-a"]),
     st.integers(1, 4),
     st.integers(0, 999),
+    st.sampled_from(["", "", "", "-IBSPINE", "x"]),
 )
 
 
