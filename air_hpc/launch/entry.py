@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import random
+import signal
 import socket
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +19,7 @@ import hostlist
 import submitit
 
 from air_hpc.errors import ConfigError
+from air_hpc.exitcodes import ExitCode
 from air_hpc.health.guard import rank_guard
 from air_hpc.rundir import RunDir
 from air_hpc.train.parallel import DistEnv, apply_rank_order
@@ -107,7 +109,10 @@ class TrainingEntry(submitit.helpers.Checkpointable):
                 )
                 backend: parallel.Backend = "gloo" if on_cpu else "nccl"
                 ctx = stack.enter_context(parallel.distributed(env, job.layout, backend, job.train.dist_timeout_s))
-                return trainer.train(job, run_dir, ctx, heartbeat)
+                summary = trainer.train(job, run_dir, ctx, heartbeat)
+            if summary.exit_code == ExitCode.REQUEUE and os.environ.get("SUBMITIT_EXECUTOR"):
+                _requeue_through_submitit(env.rank)
+            return summary
         except Exception:
             log.exception("rank %d failed", env.rank)
             raise
@@ -118,6 +123,18 @@ class TrainingEntry(submitit.helpers.Checkpointable):
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         """Requeue as a fresh entry on the same run directory; the trainer resumes from its checkpoints."""
         return submitit.helpers.DelayedSubmission(TrainingEntry(self.run_dir))
+
+
+def _requeue_through_submitit(rank: int) -> None:
+    """Hand the stop to submitit now that the checkpoint is saved and the process groups are gone.
+
+    The trainer's stop handler stood in for submitit's while training; raising
+    submitit's preemption signal again runs submitit's own handler: on rank 0 it
+    pickles :meth:`TrainingEntry.checkpoint` and requeues (``scontrol requeue``
+    on Slurm, exit 144 under the LocalExecutor), elsewhere it only logs.
+    """
+    log.info("rank %d: checkpoint saved; handing the requeue to submitit", rank)
+    signal.raise_signal(submitit.JobEnvironment._usr_sig())
 
 
 def _apply_thread_limit(environ: Mapping[str, str]) -> None:

@@ -35,26 +35,42 @@ class StepMetrics:
     mfu: float | None = None
     time: float = field(default_factory=time.time)
     """When the step finished (wall clock): the x axis of ``air-hpc plot`` and the basis of goodput."""
+    resumed_from: int | None = None
+    """On the first step after a resume: the checkpoint's step."""
+    rng_restored: bool | None = None
+    """On the first step after a resume: False when the layout changed and the RNG was re-derived."""
 
     def to_json(self) -> str:
-        record = asdict(self)
-        if self.mfu is None:
-            del record["mfu"]
-        return json.dumps(record)
+        return json.dumps({key: value for key, value in asdict(self).items() if value is not None})
 
 
 def read_metrics(path: Path) -> list[dict[str, float]]:
-    """Every record of a ``metrics.jsonl``, in order."""
+    """Every whole record of a ``metrics.jsonl``, in order (a line torn by a kill is skipped)."""
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in path.read_text().splitlines() if _step_of(line) is not None]
+
+
+def _step_of(line: str) -> int | None:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return int(record["step"]) if isinstance(record, dict) and "step" in record else None
 
 
 class MetricsWriter:
-    """Appends one line per step and flushes it, so a killed run keeps every finished step."""
+    """Appends one line per step and flushes it, so a killed run keeps every finished step.
 
-    def __init__(self, path: Path) -> None:
+    A resumed run first drops the records after its checkpoint's step (a crash
+    between checkpoints trained them once already; they are trained again), so
+    the file always reads like one uninterrupted run.
+    """
+
+    def __init__(self, path: Path, keep_through_step: int = 0) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            _truncate_after(path, keep_through_step)
         self._fh: IO[str] = path.open("a", encoding="utf-8")
 
     def write(self, metrics: StepMetrics) -> None:
@@ -63,6 +79,17 @@ class MetricsWriter:
 
     def close(self) -> None:
         self._fh.close()
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    steps = [_step_of(line) for line in lines]
+    kept = [line for line, number in zip(lines, steps, strict=True) if number is not None and number <= step]
+    if len(kept) == len(lines):
+        return
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    tmp.replace(path)
 
 
 def flops_per_token(model: ModelConfig) -> float:

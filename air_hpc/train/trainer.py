@@ -1,7 +1,13 @@
-"""The training run of one rank: validate, build, loop over steps, write metrics.
+"""The training run of one rank: validate, build, resume, loop over steps, checkpoint, stop.
 
 :func:`validate` runs before any process group starts so that a bad config or
 data file is one line and exit code 2 on every rank, not a hang in a collective.
+
+Resume is the normal start: every run asks for the newest complete checkpoint
+(rank 0 picks it, all ranks load it) and continues from its step and consumed
+samples; the first run simply finds none. At each step boundary the ranks agree
+(one all-reduce) whether a stop signal arrived or the time limit is near; if so
+they save synchronously and return :attr:`ExitCode.REQUEUE`.
 """
 
 import logging
@@ -19,6 +25,9 @@ from air_hpc.train.parallel import ParallelContext
 
 log = logging.getLogger(__name__)
 
+#: Signals that ask for a checkpoint and a requeue besides ``resilience.signal``.
+ALWAYS_STOP_ON = ("TERM",)
+
 
 def validate(job: JobConfig) -> CorpusInfo:
     """Checks beyond the config's own cross-field rules: the data file against the model."""
@@ -31,33 +40,67 @@ class RunSummary:
     last_step: int
     final_loss: float
     exit_code: ExitCode
+    stop_reason: str | None = None
 
 
 def train(job: JobConfig, run_dir: RunDir, ctx: ParallelContext, heartbeat: Heartbeat | None = None) -> RunSummary:
-    """Train from the first step to ``train.steps``; the caller owns the process groups.
+    """Train from the latest checkpoint (or step 1) to ``train.steps``; the caller owns the process groups.
 
-    ``heartbeat`` hears of every step, so the watchdog can tell a slow step from a hung one.
+    ``heartbeat`` hears of every step and checkpoint, so the watchdog can tell a slow step from a hung one.
     """
+    from air_hpc.resilience.checkpointer import Checkpointer
+    from air_hpc.resilience.events import EventLog
+    from air_hpc.resilience.signals import Deadline, StopRequest, agree_stop
+    from air_hpc.resilience.store import CheckpointStore
     from air_hpc.train import model as model_mod
     from air_hpc.train import parallel
     from air_hpc.train.loop import StepRunner
 
-    parallel.seed(ctx, job.train.seed)
+    t = job.train
+    parallel.seed(ctx, t.seed)
     model = model_mod.build(job, ctx)
-    samples = TokenSamples(job.data.path, job.model.seq_len, job.train.seed)
+    events = EventLog(run_dir.events)
+    checkpoints = Checkpointer(
+        CheckpointStore(run_dir.checkpoints, job.checkpoint.keep_last, job.checkpoint.keep_every),
+        events,
+        job.checkpoint.async_save,
+        device=job.hardware.device,
+        verify=job.checkpoint.verify,
+    )
+    if heartbeat is not None:
+        heartbeat.beat("checkpoint", 0)
+    loaded = checkpoints.resume(model.chunks, model.optimizer, model.scheduler)
+    first_step = 1 if loaded is None else loaded.step + 1
+    consumed = 0 if loaded is None else int(loaded.extra["consumed_samples"])
+    if loaded is not None:
+        log.info("resumed from step %d (%d samples consumed)", loaded.step, consumed)
+
+    samples = TokenSamples(job.data.path, job.model.seq_len, t.seed)
     runner = StepRunner(job, ctx, model, samples)
-    writer = metrics_mod.MetricsWriter(run_dir.metrics) if ctx.writes_metrics else None
+    writer = (
+        metrics_mod.MetricsWriter(run_dir.metrics, keep_through_step=first_step - 1) if ctx.writes_metrics else None
+    )
     mfu_per_token = _mfu_factor(job)
-    tokens_per_step = job.train.global_batch_size * job.model.seq_len
-    first_step, consumed = 1, 0
+    tokens_per_step = t.global_batch_size * job.model.seq_len
+    stop = StopRequest.install([job.resilience.signal, *ALWAYS_STOP_ON])
+    deadline = Deadline.from_env(
+        job.resources.time_limit_min, job.resilience.time_margin_s, submissions=run_dir.submissions
+    )
     loss = math.nan
     started = time.perf_counter()
+
+    def save(step: int, sync: bool, reason: str) -> None:
+        if heartbeat is not None:
+            heartbeat.beat("checkpoint", step)
+        extra = {"consumed_samples": consumed}
+        checkpoints.save(step, model.chunks, model.optimizer, model.scheduler, extra, sync=sync, reason=reason)
+
     try:
-        for step in range(first_step, job.train.steps + 1):
+        for step in range(first_step, t.steps + 1):
             if heartbeat is not None:
                 heartbeat.beat("step", step)
             result = runner.step(consumed)
-            consumed += job.train.global_batch_size
+            consumed += t.global_batch_size
             loss = result.loss
             tokens_per_s = tokens_per_step / result.step_time_s
             if writer is not None:
@@ -70,25 +113,42 @@ def train(job: JobConfig, run_dir: RunDir, ctx: ParallelContext, heartbeat: Hear
                         tokens_per_s=tokens_per_s,
                         step_time_s=result.step_time_s,
                         mfu=tokens_per_s * mfu_per_token if mfu_per_token else None,
+                        resumed_from=loaded.step if loaded is not None and step == first_step else None,
+                        rng_restored=loaded.rng_restored if loaded is not None and step == first_step else None,
                     )
                 )
-            if step % job.train.log_interval == 0:
+            if step % t.log_interval == 0:
                 log.info(
                     "step %d/%d loss %.6f lr %.3g grad_norm %.4f %.3f s (loader %.1f ms)",
                     step,
-                    job.train.steps,
+                    t.steps,
                     result.loss,
                     result.lr,
                     result.grad_norm,
                     result.step_time_s,
                     result.loader_time_s * 1e3,
                 )
+            checkpoints.poll()
+            reason = agree_stop(stop, deadline)
+            if reason is not None:
+                log.warning("stopping at step %d (%s): saving, then asking for a requeue", step, reason)
+                if ctx.rank == 0:
+                    events.emit("stop", step=step, reason=reason, signal=stop.signal_name)
+                save(step, sync=True, reason=reason)
+                checkpoints.close()
+                return RunSummary(first_step, step, loss, ExitCode.REQUEUE, reason)
+            if step % job.checkpoint.interval_steps == 0 and step < t.steps:
+                save(step, sync=False, reason="interval")
+        if first_step <= t.steps:
+            save(t.steps, sync=True, reason="final")
+        checkpoints.close()
     finally:
+        stop.uninstall()
         if writer is not None:
             writer.close()
         samples.close()
-    log.info("trained steps %d..%d in %.1f s", first_step, job.train.steps, time.perf_counter() - started)
-    return RunSummary(first_step=first_step, last_step=job.train.steps, final_loss=loss, exit_code=ExitCode.OK)
+    log.info("trained steps %d..%d in %.1f s", first_step, t.steps, time.perf_counter() - started)
+    return RunSummary(first_step, t.steps, loss, ExitCode.OK)
 
 
 def _mfu_factor(job: JobConfig) -> float | None:

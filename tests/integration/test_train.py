@@ -4,14 +4,19 @@ Lean on purpose (2 cores): a few steps per run, OMP_NUM_THREADS=1 per rank.
 """
 
 import os
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import submitit
 
 from air_hpc.config.load import load_job
+from air_hpc.exitcodes import ExitCode
 from air_hpc.launch.entry import TrainingEntry
+from air_hpc.resilience.events import read_events
 from air_hpc.rundir import RunDir
 from air_hpc.train import data
 from air_hpc.train.metrics import read_metrics
@@ -31,18 +36,36 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def train(tmp_path: Path, corpus: Path, name: str, *overrides: str) -> tuple[RunDir, list[Any]]:
+def submit(root: Path, corpus: Path, name: str, *overrides: str) -> tuple[RunDir, Any]:
     job = load_job(
         REPO / "configs/jobs/gpt-tiny-local.yaml",
-        [f"run.name={name}", f"run.root={tmp_path}", f"data.path={corpus}", f"train.steps={STEPS}", *overrides],
+        [
+            f"run.name={name}",
+            f"run.root={root}",
+            f"data.path={corpus}",
+            f"train.steps={STEPS}",
+            "checkpoint.interval_steps=4",
+            "health.preflight=false",
+            *overrides,
+        ],
     )
     run_dir = RunDir.of(job)
     run_dir.write_job(job)
     os.environ["OMP_NUM_THREADS"] = "1"
-    executor = submitit.LocalExecutor(folder=tmp_path / "submitit" / name)
+    executor = submitit.LocalExecutor(folder=root / "submitit" / name)
     executor.update_parameters(tasks_per_node=job.resources.tasks_per_node, nodes=1, timeout_min=5)
-    results = executor.submit(TrainingEntry(run_dir.path)).results()
-    return run_dir, results
+    return run_dir, executor.submit(TrainingEntry(run_dir.path))
+
+
+def train(root: Path, corpus: Path, name: str, *overrides: str) -> tuple[RunDir, list[Any]]:
+    run_dir, handle = submit(root, corpus, name, *overrides)
+    return run_dir, handle.results()
+
+
+@pytest.fixture(scope="module")
+def reference(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[RunDir, list[Any]]:
+    """One uninterrupted TP2xPP2 run that the other TP2xPP2 runs are compared with."""
+    return train(tmp_path_factory.mktemp("reference"), corpus, "reference")
 
 
 def losses(run_dir: RunDir) -> list[float]:
@@ -57,17 +80,45 @@ def assert_learning(values: list[float]) -> None:
     assert max(values[2:]) < values[0], values
 
 
-def test_tp2_pp2_learns_and_two_runs_are_bitwise_identical(tmp_path: Path, corpus: Path) -> None:
-    first, results = train(tmp_path, corpus, "a")
-    second, _ = train(tmp_path, corpus, "b")
-    assert len(results) == 4 and all(r.last_step == STEPS for r in results)
-    assert_learning(losses(first))
-    assert losses(first) == losses(second)
-    logs = sorted(p.name for p in first.logs.iterdir())
-    assert logs == [f"rank-{r}.log" for r in range(4)]
+def test_tp2_pp2_learns_and_logs_every_line_with_its_rank(reference: tuple[RunDir, list[Any]]) -> None:
+    run_dir, results = reference
+    assert [r.exit_code for r in results] == [ExitCode.OK] * 4
+    assert_learning(losses(run_dir))
     for rank in range(4):
-        lines = first.rank_log(rank).read_text().splitlines()
+        lines = run_dir.rank_log(rank).read_text().splitlines()
         assert lines and all(f"rank={rank} " in line for line in lines)
+    saved = [e for e in read_events(run_dir.events) if e["kind"] == "checkpoint_saved"]
+    assert [(e["step"], e["reason"]) for e in saved] == [(4, "interval"), (STEPS, "final")]
+
+
+def test_two_identical_runs_give_identical_losses(
+    reference: tuple[RunDir, list[Any]], corpus: Path, tmp_path: Path
+) -> None:
+    again, _ = train(tmp_path, corpus, "again")
+    assert losses(again) == losses(reference[0])
+
+
+def test_a_preempted_run_requeues_and_resumes_bit_for_bit(
+    reference: tuple[RunDir, list[Any]], corpus: Path, tmp_path: Path
+) -> None:
+    run_dir, handle = submit(tmp_path, corpus, "preempted")
+    deadline = time.monotonic() + 120
+    while len(read_metrics(run_dir.metrics)) < 2:
+        assert time.monotonic() < deadline, "the run never reached step 2"
+        time.sleep(0.1)
+    for task in psutil.Process(int(handle.job_id)).children():
+        task.send_signal(signal.SIGUSR2)
+    results = handle.results()
+    assert [r.exit_code for r in results] == [ExitCode.OK] * 4
+    assert losses(run_dir) == losses(reference[0])
+    kinds = [e["kind"] for e in read_events(run_dir.events)]
+    stop = next(e for e in read_events(run_dir.events) if e["kind"] == "stop")
+    assert stop["reason"] == "signal" and stop["signal"] == "SIGUSR2"
+    resumed = next(e for e in read_events(run_dir.events) if e["kind"] == "resume")
+    assert resumed["step"] == stop["step"] and resumed["rng_restored"] is True
+    assert kinds.index("stop") < kinds.index("resume")
+    first_after = next(r for r in read_metrics(run_dir.metrics) if r["step"] == stop["step"] + 1)
+    assert first_after["resumed_from"] == stop["step"]
 
 
 def test_tp2_dp2_learns(tmp_path: Path, corpus: Path) -> None:
