@@ -11,20 +11,29 @@ def data() -> None:
 
 
 @data.command("prepare")
-@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("inputs", nargs=-1, type=click.Path(path_type=Path))
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="HDF5 file to write.")
+@click.option(
+    "--project",
+    is_flag=True,
+    help="Add this project's README and Python sources (the demo corpus; configs use runs/data/corpus.h5).",
+)
 @click.option(
     "--tokenizer",
     default="byte",
     show_default=True,
     help="'byte' (offline, vocab 257) or a local Hugging Face tokenizer directory / tokenizer.json.",
 )
-def prepare(inputs: tuple[Path, ...], output: Path, tokenizer: str) -> None:
+def prepare(inputs: tuple[Path, ...], output: Path, project: bool, tokenizer: str) -> None:
     """Tokenize text files (one document each) and JSONL files (one document per line's "text") into OUTPUT."""
-    from air_hpc.train.data import load_tokenizer
+    from air_hpc.errors import InputError
+    from air_hpc.train.data import load_tokenizer, project_sources
     from air_hpc.train.data import prepare as build
 
-    info = build(inputs, output, load_tokenizer(tokenizer))
+    sources = [*inputs, *(project_sources() if project else [])]
+    if not sources:
+        raise InputError("data prepare: no INPUT files given (and no --project)")
+    info = build(sources, output, load_tokenizer(tokenizer))
     click.echo(
         f"{info.path}: {info.tokens} tokens, {info.documents} documents, "
         f"tokenizer {info.tokenizer} (vocab {info.vocab_size}), dtype {info.dtype}"

@@ -90,6 +90,21 @@ class HFTokenizer:
         return str(self._tok.decode(list(ids)))
 
 
+#: The repository this package lives in (for the demo corpus built from the project's own text).
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def project_sources(root: Path = PROJECT_ROOT) -> list[Path]:
+    """The demo and test corpus: the README and the package's Python sources, in a fixed order.
+
+    Built on demand (``air-hpc data prepare --project -o runs/data/corpus.h5``) rather than
+    committed: it follows the code it is made of, and the same tree always gives the same file.
+    """
+    readme = root / "README.md"
+    sources = sorted((root / "air_hpc").rglob("*.py"), key=lambda p: p.relative_to(root).as_posix())
+    return [readme, *sources] if readme.is_file() else sources
+
+
 def load_tokenizer(spec: str) -> Tokenizer:
     if spec == "byte":
         return ByteTokenizer()

@@ -193,7 +193,7 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus.h5"
-        data.prepare([REPO / "README.md", *sorted((REPO / "air_hpc").rglob("*.py"))], corpus, data.ByteTokenizer())
+        data.prepare(data.project_sources(), corpus, data.ByteTokenizer())
         job = load_job(args.job, [f"data.path={corpus}", f"run.root={tmp}"])
         world = job.resources.world_size
         with socket.socket() as sock:

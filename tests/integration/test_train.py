@@ -30,9 +30,8 @@ STEPS = 6
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The project's own README and sources, the same corpus the demo trains on."""
-    sources = [REPO / "README.md", *sorted((REPO / "air_hpc").rglob("*.py"))]
     out = tmp_path_factory.mktemp("data") / "corpus.h5"
-    data.prepare(sources, out, data.ByteTokenizer())
+    data.prepare(data.project_sources(), out, data.ByteTokenizer())
     return out
 
 

@@ -166,3 +166,21 @@ def test_cli_inspect_of_missing_file_exits_2(tmp_path: Path, capsys: pytest.Capt
     assert exit_info.value.code == ExitCode.USAGE
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
+
+
+def test_cli_prepare_project_corpus_is_deterministic(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sources = data.project_sources()
+    assert sources[0] == REPO / "README.md" and REPO / "air_hpc/train/data.py" in sources
+    first, second = tmp_path / "a.h5", tmp_path / "b.h5"
+    main(["data", "prepare", "--project", "-o", str(first)])
+    main(["data", "prepare", "--project", "-o", str(second)])
+    with h5py.File(first, "r") as a, h5py.File(second, "r") as b:
+        assert np.array_equal(a["tokens"][:], b["tokens"][:])
+        assert a["doc_offsets"].shape[0] == len(sources) + 1
+
+
+def test_cli_prepare_without_inputs_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["data", "prepare", "-o", str(tmp_path / "x.h5")])
+    assert exit_info.value.code == ExitCode.USAGE
+    assert "no INPUT files" in capsys.readouterr().err
