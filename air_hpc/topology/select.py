@@ -1,4 +1,4 @@
-"""Which nodes a job should get: fewest switch levels, then fewest leaves, then the tightest fit.
+"""Which nodes a job should get: the lowest common switch, the fewest switches below it, the tightest fit.
 
 The choice, in order of priority:
 
@@ -40,7 +40,8 @@ class NodeSelection:
     nodelist: str
     #: leaf switches used, in switch order
     leaves: tuple[str, ...]
-    #: distinct switches used per level, leaf first, up to the lowest common switch (which counts 1)
+    #: distinct switches used per level, leaf first, up to the lowest common switch (which counts 1);
+    #: a level an unbalanced tree skips counts 0
     switches_by_level: tuple[int, ...]
     #: fewest leaves any selection could use, ignoring switch levels: ceil-style greedy over the fullest leaves
     lower_bound_leaves: int
@@ -103,22 +104,22 @@ def select_nodes(fabric: Fabric, available: Set[str], count: int) -> NodeSelecti
     nodes: list[str] = []
     for leaf in leaves:
         nodes.extend(free[leaf][: count - len(nodes)])
-    by_level = [len({fabric.ancestors(leaf)[lvl] for leaf in leaves}) for lvl in range(_depth(fabric, top, leaves))]
+    used: list[set[str]] = [set() for _ in range(fabric.switches[top].level + 1)]
+    for leaf in leaves:
+        for sw in fabric.ancestors(leaf):
+            used[fabric.switches[sw].level].add(sw)
+            if sw == top:
+                break
     log.debug("selected %d nodes on %d leaves under %s", count, len(leaves), top)
     return NodeSelection(
         nodes=tuple(nodes),
         nodelist=hostlists.compress(nodes),
         leaves=tuple(leaves),
-        switches_by_level=tuple(by_level),
+        switches_by_level=tuple(len(level) for level in used),
         lower_bound_leaves=lower_bound,
         switches_hint=len(leaves),
         top_switch=top,
     )
-
-
-def _depth(fabric: Fabric, top: str, leaves: Sequence[str]) -> int:
-    """Number of ancestor steps from the chosen leaves up to and including ``top``."""
-    return fabric.ancestors(leaves[0]).index(top) + 1
 
 
 def _pick_leaves(

@@ -150,3 +150,18 @@ def test_selection_properties(case: tuple) -> None:
 
 def _under(fabric, switch: str) -> list[str]:  # type: ignore[no-untyped-def]
     return [n for leaf in fabric.leaves_under[switch] for n in fabric.switches[leaf].nodes]
+
+
+def test_unbalanced_tree_counts_switches_by_their_level() -> None:
+    fabric = build_fabric(
+        [
+            SwitchSpec("l1", nodes=("a1", "a2")),
+            SwitchSpec("l2", nodes=("b1",)),
+            SwitchSpec("s1", children=("l1",)),
+            SwitchSpec("core", children=("s1", "l2")),
+        ]
+    )
+    sel = select_nodes(fabric, {"a1", "a2", "b1"}, 3)
+    assert sel.top_switch == "core"
+    assert sel.switches_by_level == (2, 1, 1)
+    assert select_nodes(fabric, {"a1", "b1"}, 2).switches_by_level == (2, 0, 1)
