@@ -157,11 +157,12 @@ def test_unbalanced_tree_counts_switches_by_their_level() -> None:
         [
             SwitchSpec("l1", nodes=("a1", "a2")),
             SwitchSpec("l2", nodes=("b1",)),
+            SwitchSpec("l3", nodes=("c1",)),
             SwitchSpec("s1", children=("l1",)),
-            SwitchSpec("core", children=("s1", "l2")),
+            SwitchSpec("core", children=("s1", "l2", "l3")),
         ]
     )
     sel = select_nodes(fabric, {"a1", "a2", "b1"}, 3)
     assert sel.top_switch == "core"
     assert sel.switches_by_level == (2, 1, 1)
-    assert select_nodes(fabric, {"a1", "b1"}, 2).switches_by_level == (2, 0, 1)
+    assert select_nodes(fabric, {"b1", "c1"}, 2).switches_by_level == (2, 0, 1)
