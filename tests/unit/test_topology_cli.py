@@ -112,6 +112,7 @@ def test_show_counts_free_and_used(capsys: pytest.CaptureFixture[str], testbed_c
         (["select", "--topology", "{conf}", "-N", "2", "--unavailable", "n[5-1]"], "--unavailable: bad hostlist"),
         (["select", "--topology", "/nonexistent/topo.conf", "-N", "2"], "--topology: cannot read"),
         (["show", "{bad}"], ":1: cannot parse 'garbage'"),
+        (["select", "--topology", "{conf}", "-N", "2", "--unavailable-file", "{busy}"], "busy.txt:2: bad hostlist"),
         (["import", "--ibnetdiscover", "{bad}"], ":1: cannot parse 'SwitchName=x garbage'"),
     ],
 )
@@ -120,7 +121,9 @@ def test_errors_are_one_line_exit_2(
 ) -> None:
     bad = tmp_path / "bad.conf"
     bad.write_text("SwitchName=x garbage\n")
-    argv = [a.format(conf=testbed_conf, bad=bad) for a in argv]
+    busy = tmp_path / "busy.txt"
+    busy.write_text("n1\nn[3-\n")
+    argv = [a.format(conf=testbed_conf, bad=bad, busy=busy) for a in argv]
     code, _, err = run(capsys, "topo", *argv)
     assert code == 2
     assert message in err
