@@ -82,9 +82,7 @@ class Capture:
 def superpod() -> str:
     cap = Capture()
     unnamed = "MT4129 ConnectX7   Mellanox Technologies"
-    spines = [
-        cap.switch(f"fc6a1c0300{0x100 + s:06x}", f"MF0;A11-P1-IBSPINE-01-0{s + 1}:MQM9790/U1") for s in range(4)
-    ]
+    spines = [cap.switch(f"fc6a1c0300{0x100 + s:06x}", f"MF0;A11-P1-IBSPINE-01-0{s + 1}:MQM9790/U1") for s in range(4)]
     leaves = []
     for su, row in ((1, "A09"), (2, "A10")):
         rails = [
