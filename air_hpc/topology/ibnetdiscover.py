@@ -70,6 +70,8 @@ class _Capture:
     devices: dict[str, _Device] = field(default_factory=dict)
     #: (device, port) -> (device, port), both directions
     links: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)
+    #: device -> its linked ports, so a device's links are found without scanning them all
+    ports: dict[str, set[int]] = field(default_factory=dict)
     #: first line that mentions a link to a device id, for "unknown switch" errors
     referenced_at: dict[str, int] = field(default_factory=dict)
 
@@ -115,6 +117,8 @@ def parse_capture(text: str, source: str) -> _Capture:
                 )
             cap.links[local] = remote
             cap.links.setdefault(remote, local)
+            cap.ports.setdefault(local[0], set()).add(local[1])
+            cap.ports.setdefault(remote[0], set()).add(remote[1])
             cap.referenced_at.setdefault(remote[0], number)
             continue
         raise TopologyError(
@@ -173,7 +177,7 @@ def import_ibnetdiscover(
         if _AGGREGATION.search(dev.desc):
             aggregation += 1
             continue
-        attached = [(cap.links[(dev.guid_id, p)], p) for (d, p) in list(cap.links) if d == dev.guid_id]
+        attached = [(cap.links[(dev.guid_id, p)], p) for p in sorted(cap.ports.get(dev.guid_id, ()))]
         for (peer, _), port in attached:
             if peer not in switches:
                 skipped.append(f"HCA {dev.guid_id} port {port} ({dev.desc}): linked to {peer}, not to a switch")
@@ -216,8 +220,9 @@ def import_ibnetdiscover(
     leaf_groups = _group_switches({h: {sw for sw, _ in r} for h, r in compute.items()})
     group_of = {sw: i for i, group in enumerate(leaf_groups) for sw in group}
 
+    host_at = {(sw, port): host for host, host_rails in compute.items() for sw, port in host_rails}
     for dev, sw, port in still_unnamed:
-        by_rail = _host_by_rail(sw, port, group_of, leaf_groups, compute)
+        by_rail = _host_by_rail(sw, port, group_of, leaf_groups, host_at)
         if by_rail is None:
             skipped.append(
                 f"HCA {dev.guid_id} ({dev.desc}) on {names[sw]} port {port}: no host name, and neither its system "
@@ -308,17 +313,22 @@ def _group_switches(members_of: Mapping[str, set[str]]) -> list[list[str]]:
 
 
 def _host_by_rail(
-    sw: str, port: int, group_of: Mapping[str, int], groups: Sequence[list[str]], compute: Mapping[str, list]
+    sw: str,
+    port: int,
+    group_of: Mapping[str, int],
+    groups: Sequence[list[str]],
+    host_at: Mapping[tuple[str, int], str],
 ) -> str | None:
-    """The one host seen on ``port`` of every sibling rail leaf of ``sw``, if exactly one."""
+    """The one host seen on ``port`` of the sibling rail leaves of ``sw``, if exactly one and not yet on ``sw``."""
     if sw not in group_of:
         return None
-    siblings = set(groups[group_of[sw]]) - {sw}
-    seen = {host for host, host_rails in compute.items() for s, p in host_rails if s in siblings and p == port}
+    siblings = [s for s in groups[group_of[sw]] if s != sw]
+    seen = {host_at[(s, port)] for s in siblings if (s, port) in host_at}
     if len(seen) != 1:
         return None
     host = seen.pop()
-    return None if any(s == sw for s, _ in compute[host]) else host
+    already_on_leaf = any(h == host for (s, _), h in host_at.items() if s == sw)
+    return None if already_on_leaf else host
 
 
 def _switch_adjacency(cap: _Capture, switches: Mapping[str, _Device]) -> dict[str, Counter[str]]:
