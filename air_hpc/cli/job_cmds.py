@@ -200,6 +200,19 @@ def status(target: str | None, as_json: bool) -> None:
         _echo_json(result.to_json())
     else:
         click.echo(_summary(result))
+        _show_progress(result.run_dir)
+
+
+def _show_progress(run_dir: Any) -> None:
+    """The progress bar (step / total, tokens/s, ETA, restarts, last checkpoint) from the run's files."""
+    from rich.console import Console
+
+    from air_hpc.observe.progress import progress_view, run_progress
+    from air_hpc.observe.records import load_records
+
+    progress = run_progress(load_records(run_dir), time.time())
+    if progress is not None:
+        Console().print(progress_view(progress))
 
 
 @click.command()

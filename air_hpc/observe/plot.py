@@ -80,7 +80,7 @@ def _timeline(ax: Any, records: RunRecords, report: RunReport, minutes: Any) -> 
     for segment in _segments(records, report):
         timed = [s for s in segment if s.time_s is not None]
         if timed:
-            began = minutes((timed[0].time_s or 0) - timed[0].step_time_s)
+            began = minutes((timed[0].time_s or 0) - (timed[0].step_time_s or 0))
             ax.broken_barh(
                 [(began, minutes(timed[-1].time_s or 0) - began)], (rows["train"] - 0.3, 0.6), color="tab:green"
             )

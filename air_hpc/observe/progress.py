@@ -66,7 +66,7 @@ def run_progress(records: RunRecords, now_s: float) -> RunProgress | None:
         return None
     last = records.steps[-1]
     recent = records.steps[-RECENT_STEPS:]
-    step_time = statistics.median(s.step_time_s for s in recent)
+    times = [s.step_time_s for s in recent if s.step_time_s is not None]
     rates = [s.tokens_per_s for s in recent if s.tokens_per_s is not None]
     remaining = max(records.total_steps - last.step, 0) if records.total_steps else None
     saves = records.of_kind(CHECKPOINT_KIND)
@@ -77,7 +77,7 @@ def run_progress(records: RunRecords, now_s: float) -> RunProgress | None:
         total_steps=records.total_steps,
         loss=last.loss,
         tokens_per_s=statistics.median(rates) if rates else None,
-        eta_s=remaining * step_time if remaining is not None else None,
+        eta_s=remaining * statistics.median(times) if remaining is not None and times else None,
         restarts=max(len(records.starts_s) - 1, 0),
         last_checkpoint_step=int(saved_step) if saved_step is not None else None,
         last_checkpoint_age_s=now_s - saved.time_s if saved else None,

@@ -28,7 +28,7 @@ class StepRecord:
     step: int
     time_s: float | None
     """When the step finished (wall clock); None in files written before steps carried a time."""
-    step_time_s: float
+    step_time_s: float | None
     loss: float | None
     tokens_per_s: float | None
 
@@ -83,12 +83,16 @@ def _float(value: Any) -> float | None:
 def parse_steps(rows: list[dict[str, Any]]) -> tuple[StepRecord, ...]:
     steps = []
     for row in rows:
-        step, step_time = row.get("step"), _float(row.get("step_time_s"))
-        if not isinstance(step, int) or step_time is None:
+        step = row.get("step")
+        if not isinstance(step, int):
             continue
         steps.append(
             StepRecord(
-                step, _float(row.get("time")), step_time, _float(row.get("loss")), _float(row.get("tokens_per_s"))
+                step,
+                _float(row.get("time")),
+                _float(row.get("step_time_s")),
+                _float(row.get("loss")),
+                _float(row.get("tokens_per_s")),
             )
         )
     return tuple(steps)

@@ -62,7 +62,7 @@ class RunReport:
 
 
 def _began_s(step: StepRecord) -> float | None:
-    return None if step.time_s is None else step.time_s - step.step_time_s
+    return None if step.time_s is None else step.time_s - (step.step_time_s or 0.0)
 
 
 def _interruption(records: RunRecords, since_s: float, until_s: float) -> tuple[str, float | None, int | None]:
@@ -104,7 +104,7 @@ def build_report(records: RunRecords) -> RunReport | None:
         segments[index].append(step)
     last_index = {s.step: i for i, s in enumerate(records.steps)}
     survivors = [records.steps[i] for i in sorted(last_index.values())]
-    productive = sum(s.step_time_s for s in survivors)
+    productive = sum(s.step_time_s or 0.0 for s in survivors)
     bounds = [*starts[1:], float("inf")]
     restarts = []
     for number in range(1, len(starts)):
