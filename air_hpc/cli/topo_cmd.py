@@ -26,7 +26,7 @@ def _read(path: str, what: str) -> str:
 
 
 @topo.command("import")
-@click.option("--ibnetdiscover", "capture", required=True, metavar="FILE", help="ibnetdiscover output (text format).")
+@click.option("--ibnetdiscover", "capture", required=True, metavar="FILE", help="ibnetdiscover output (default or -p).")
 @click.option("--nodes", metavar="HOSTLIST", help="Compute nodes to keep, e.g. dgx-[001-128]; others are reported.")
 @click.option("--node-pattern", metavar="REGEX", help="Keep only hosts whose name fully matches REGEX.")
 @click.option("--format", "fmt", type=click.Choice(["tree", "block"]), default="tree", show_default=True)

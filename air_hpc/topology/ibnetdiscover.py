@@ -1,4 +1,4 @@
-"""Turn an ``ibnetdiscover`` capture (default text format) into a :class:`Fabric` Slurm can use.
+"""Turn an ``ibnetdiscover`` capture (default or ``-p`` format) into a :class:`Fabric` Slurm can use.
 
 Real captures are messy, and each quirk has a rule here:
 
@@ -75,9 +75,74 @@ class _Capture:
     #: first line that mentions a link to a device id, for "unknown switch" errors
     referenced_at: dict[str, int] = field(default_factory=dict)
 
+    def link(self, local: tuple[str, int], remote: tuple[str, int], number: int, where: str) -> None:
+        known = self.links.get(local)
+        if known is not None and known != remote:
+            raise TopologyError(f"{where}: port {local[1]} of {local[0]} linked twice ({known[0]} and {remote[0]})")
+        self.links[local] = remote
+        self.links.setdefault(remote, local)
+        self.ports.setdefault(local[0], set()).add(local[1])
+        self.ports.setdefault(remote[0], set()).add(remote[1])
+        self.referenced_at.setdefault(remote[0], number)
+
+    def check(self, source: str) -> None:
+        if not self.devices:
+            raise TopologyError(f"{source}: no Switch or Ca entries; is this ibnetdiscover output?")
+        for dev_id, ref_line in self.referenced_at.items():
+            if dev_id not in self.devices:
+                raise TopologyError(f"{source}:{ref_line}: link to {dev_id}, which the capture never defines")
+
+
+_PORTS_LINE = re.compile(
+    r"^(SW|CA|RT)\s+(\d+)\s+(\d+)\s+0x([0-9a-fA-F]+)\s+[^-']*?"
+    r"(?:-\s+(SW|CA|RT)\s+(\d+)\s+(\d+)\s+0x([0-9a-fA-F]+)\s+\(\s*'(.*)'\s+-\s+'(.*)'\s*\)|'(.*)')\s*$"
+)
+_PORTS_KIND = {"SW": ("Switch", "S"), "CA": ("Ca", "H"), "RT": ("Rt", "R")}
+
+
+def is_ports_format(text: str) -> bool:
+    """``ibnetdiscover -p`` output starts its lines with SW/CA/RT and a LID."""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            return re.match(r"^(SW|CA|RT)\s+\d+\s+\d+\s+0x", line) is not None
+    return False
+
+
+def parse_ports_capture(text: str, source: str) -> _Capture:
+    """The ``ibnetdiscover -p`` (one line per port) format; it has no system image GUIDs."""
+    cap = _Capture()
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _PORTS_LINE.match(line)
+        if not match:
+            raise TopologyError(
+                f"{source}:{number}: cannot parse {line[:60]!r}; expected an 'ibnetdiscover -p' line "
+                "like \"CA 44 1 0x0002c9... 4x NDR - SW 2 17 0x0008f1... ( 'host mlx5_0' - 'switch' )\""
+            )
+        kind, _, port, guid, peer_kind, _, peer_port, peer_guid, desc, peer_desc, alone = match.groups()
+        local = _ports_device(cap, kind, guid, desc if peer_kind else alone, number)
+        if peer_kind:
+            remote = _ports_device(cap, peer_kind, peer_guid, peer_desc, number)
+            cap.link((local, int(port)), (remote, int(peer_port)), number, f"{source}:{number}")
+    cap.check(source)
+    return cap
+
+
+def _ports_device(cap: _Capture, kind: str, guid: str, desc: str, number: int) -> str:
+    label, letter = _PORTS_KIND[kind]
+    dev_id = f"{letter}-{guid.lower()}"
+    if dev_id not in cap.devices:
+        cap.devices[dev_id] = _Device(dev_id, label, " ".join(desc.split()), "", number)
+    return dev_id
+
 
 def parse_capture(text: str, source: str) -> _Capture:
-    """Devices and links of the capture; every line must be understood."""
+    """Devices and links of the capture (default or ``-p`` format); every line must be understood."""
+    if is_ports_format(text):
+        return parse_ports_capture(text, source)
     cap = _Capture()
     current: _Device | None = None
     pending_sysimg = ""
@@ -108,28 +173,13 @@ def parse_capture(text: str, source: str) -> _Capture:
         if port:
             if current is None:
                 raise TopologyError(f"{where}: port line outside a Switch/Ca block: {line[:60]!r}")
-            local = (current.guid_id, int(port.group(1)))
-            remote = (port.group(3), int(port.group(4)))
-            known = cap.links.get(local)
-            if known is not None and known != remote:
-                raise TopologyError(
-                    f"{where}: port {local[1]} of {current.guid_id} linked twice ({known[0]} and {remote[0]})"
-                )
-            cap.links[local] = remote
-            cap.links.setdefault(remote, local)
-            cap.ports.setdefault(local[0], set()).add(local[1])
-            cap.ports.setdefault(remote[0], set()).add(remote[1])
-            cap.referenced_at.setdefault(remote[0], number)
+            cap.link((current.guid_id, int(port.group(1))), (port.group(3), int(port.group(4))), number, where)
             continue
         raise TopologyError(
             f"{where}: cannot parse {line[:60]!r}; expected an ibnetdiscover line "
             "(vendid=/switchguid=/caguid=, 'Switch N \"S-..\"', 'Ca N \"H-..\"' or '[port] \"S-..\"[port]')"
         )
-    if not cap.devices:
-        raise TopologyError(f"{source}: no Switch or Ca entries; is this ibnetdiscover output?")
-    for dev_id, ref_line in cap.referenced_at.items():
-        if dev_id not in cap.devices:
-            raise TopologyError(f"{source}:{ref_line}: link to {dev_id}, which the capture never defines")
+    cap.check(source)
     return cap
 
 

@@ -72,6 +72,31 @@ def test_listed_node_missing_from_capture_is_reported() -> None:
     assert any("not in the capture: dgx-a11-01" in line for line in result.skipped)
 
 
+def test_ports_format_gives_the_same_fabric() -> None:
+    ports = (DATA / "dgx-superpod-ports.ibnetdiscover").read_text()
+    default = import_ibnetdiscover(SUPERPOD, "superpod", COMPUTE)
+    result = import_ibnetdiscover(ports, "superpod-p", COMPUTE)
+    assert treeconf.render(result.fabric) == treeconf.render(default.fabric)
+    # without system image GUIDs the unnamed rail of dgx-a10-02 is found through the other rails
+    assert any("dgx-a10-02 (same port on the other rails)" in note for note in result.notes)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("SW 2 1 0x0001 4x NDR - XX 3 1 0x0002 ( 'a' - 'b' )\n", "p:1: cannot parse"),
+        (
+            "SW 2 1 0x0001 4x NDR - CA 3 1 0x0002 ( 'leaf' - 'n1 mlx5_0' )\n"
+            "SW 2 1 0x0001 4x NDR - CA 4 1 0x0003 ( 'leaf' - 'n2 mlx5_0' )\n",
+            "p:2: port 1 of S-0001 linked twice",
+        ),
+    ],
+)
+def test_bad_ports_format(text: str, message: str) -> None:
+    with pytest.raises(TopologyError, match=message):
+        import_ibnetdiscover(text, "p")
+
+
 def test_three_level_tree_groups_parallel_spines_and_cores() -> None:
     result = import_ibnetdiscover(THREE_LEVEL, "hpc")
     fabric = result.fabric

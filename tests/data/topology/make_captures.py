@@ -10,6 +10,9 @@ leaves; ``dgx-a09-03 mlx5_5`` unnamed (resolvable through the other rails);
 ``dgx-a10-02 mlx5_2`` unnamed but sharing its system image GUID with mlx5_3;
 one stray unnamed adapter on the management leaf (not resolvable).
 
+``dgx-superpod-ports.ibnetdiscover`` - the same fabric in the ``ibnetdiscover -p``
+format (no system image GUIDs there).
+
 ``hpc-3level.ibnetdiscover`` - a classic 3-level tree, one HCA per node: two pods
 of two leaves under two spines each, both pods under two core switches; one
 host description carries an FQDN.
@@ -78,8 +81,23 @@ class Capture:
             out.append("")
         return "\n".join(out)
 
+    def render_ports(self) -> str:
+        """The ``ibnetdiscover -p`` form: one line per linked port, seen from each end."""
+        lid = {g: 10 + i for i, g in enumerate([*self.switches, *self.cas])}
+        kind = {**dict.fromkeys(self.switches, "SW"), **dict.fromkeys(self.cas, "CA")}
+        out = []
+        for guid in [*self.switches, *self.cas]:
+            dev = self._dev(guid)
+            for port in sorted(dev["ports"]):
+                peer, peer_port = dev["ports"][port]
+                out.append(
+                    f"{kind[guid]} {lid[guid]:5d} {port:4d} 0x{guid} 4x NDR - {kind[peer]} {lid[peer]:5d} "
+                    f"{peer_port:4d} 0x{peer} ( '{dev['desc']}' - '{self._dev(peer)['desc']}' )"
+                )
+        return "\n".join(out) + "\n"
 
-def superpod() -> str:
+
+def superpod_capture() -> Capture:
     cap = Capture()
     unnamed = "MT4129 ConnectX7   Mellanox Technologies"
     spines = [cap.switch(f"fc6a1c0300{0x100 + s:06x}", f"MF0;A11-P1-IBSPINE-01-0{s + 1}:MQM9790/U1") for s in range(4)]
@@ -116,7 +134,7 @@ def superpod() -> str:
     for i, sw in enumerate([*spines, *leaves, mgmt]):
         an = cap.ca(f"fc6a1c0301{i:06x}", "Mellanox Technologies Aggregation Node")
         cap.link(an, 1, sw, 65)
-    return cap.render("b8cef60300010100")
+    return cap
 
 
 def three_level() -> str:
@@ -144,5 +162,7 @@ def three_level() -> str:
 
 
 if __name__ == "__main__":
-    (HERE / "dgx-superpod.ibnetdiscover").write_text(superpod())
+    pod = superpod_capture()
+    (HERE / "dgx-superpod.ibnetdiscover").write_text(pod.render("b8cef60300010100"))
+    (HERE / "dgx-superpod-ports.ibnetdiscover").write_text(pod.render_ports())
     (HERE / "hpc-3level.ibnetdiscover").write_text(three_level())
