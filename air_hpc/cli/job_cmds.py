@@ -230,8 +230,10 @@ def logs(run: str, follow: bool, rank: int | None) -> None:
     prefix = rank_filter(record, rank)
     offsets = dict.fromkeys(files, 0)
     several = len(files) > 1 and prefix is None
+    shown_last: list[Path | None] = [None]
 
-    def drain() -> bool:
+    def drain(whole: bool) -> bool:
+        """Print what was appended; while following, hold back a line still being written."""
         printed = False
         for path in files:
             try:
@@ -240,19 +242,20 @@ def logs(run: str, follow: bool, rank: int | None) -> None:
                     data = handle.read()
             except FileNotFoundError:
                 continue
-            complete = data[: data.rfind(b"\n") + 1] if follow else data
+            complete = data if whole else data[: data.rfind(b"\n") + 1]
             offsets[path] += len(complete)
             lines = complete.decode(errors="replace").splitlines()
             if prefix is not None:
                 lines = [line for line in lines if line.lstrip().startswith(prefix)]
-            if lines and several:
+            if lines and several and shown_last[0] != path:
                 click.echo(f"==> {path.name} <==")
+                shown_last[0] = path
             for line in lines:
                 click.echo(line)
             printed = printed or bool(lines)
         return printed
 
-    drain()
+    drain(whole=not follow)
     if not any(path.exists() for path in files) and not follow:
         raise UserError(f"{run}: no output yet for job {record.job_id} (looked for {', '.join(p.name for p in files)})")
     if not follow:
@@ -260,10 +263,10 @@ def logs(run: str, follow: bool, rank: int | None) -> None:
     client = _client()
     while True:
         time.sleep(1.0)
-        drain()
+        drain(whole=False)
         if run_status(run_dir, client).job.state.terminal:
             time.sleep(1.0)
-            drain()
+            drain(whole=True)
             return
 
 

@@ -194,3 +194,34 @@ def test_cli_status_with_controller_down_is_one_error(tmp_path: Path) -> None:
     fake.reachable = False
     with pytest.raises(SlurmUnreachableError, match="unreachable after"):
         invoke(fake, ["status", str(done.run_dir)])
+
+
+def test_cli_dry_run_submits_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fake = FakeSlurm()
+    invoke(fake, ["submit", str(TESTBED_JOB), "--set", f"run.root={tmp_path}", "--dry-run"])
+    out, err = capsys.readouterr()
+    assert out.startswith("#!/bin/bash\n") and "#SBATCH --nodes=2" in out
+    assert "sbatch --test-only: would start" in err and "nothing submitted" in err
+    assert fake.jobs == {} and not (tmp_path / "gpt-tiny-testbed").exists()
+
+
+def test_cli_status_without_target_lists_queued_jobs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fake = FakeSlurm()
+    first = submit(job_in(tmp_path), "slurm", fake).job_id
+    second = submit(job_in(tmp_path), "slurm", fake).job_id
+    fake.start(second, "n[3-4]")
+    fake.finish(first)
+    invoke(fake, ["status", "--json"])
+    listed = json.loads(capsys.readouterr().out)
+    assert [(j["job_id"], j["state"], j["nodelist"]) for j in listed] == [(second, "RUNNING", "n[3-4]")]
+
+
+def test_cli_logs_follow_stops_when_the_job_ends(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fake = FakeSlurm()
+    done = submit(job_in(tmp_path), "slurm", fake)
+    fake.start(done.job_id, "n[1-2]")
+    fake.finish(done.job_id, JobState.FAILED, 1)
+    (done.run_dir / "logs" / f"slurm-{done.job_id}.err").write_text("air-hpc: step failed with exit code 1\npartial")
+    invoke(fake, ["logs", str(done.run_dir), "-f"])
+    out = capsys.readouterr().out
+    assert out == f"==> slurm-{done.job_id}.err <==\nair-hpc: step failed with exit code 1\npartial\n"
