@@ -14,6 +14,11 @@ the targets hold:
 - mean leaves within 1.1x of the lower bound;
 - 20k nodes in < 50 ms, 100k nodes in < 1 s.
 
+Then the placement of a few selections is scored with the cost model (bytes per
+step that climb above the leaves, per level) for our rank order against Slurm's
+default (sorted hostnames), on a tree whose names follow the switches and on
+one cabled round-robin (node i on leaf i mod L), for two GPT sizes.
+
 Run: ``.venv/bin/python scripts/bench/select.py`` (a few minutes), ``--quick`` for
 a smoke run, ``--no-slurm`` without the real controller.
 """
@@ -38,10 +43,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from air_hpc.config.layout import ParallelLayout
 from air_hpc.errors import TopologyError
 from air_hpc.topology import treeconf
 from air_hpc.topology.cloudctl import CloudController
-from air_hpc.topology.fabric import Fabric
+from air_hpc.topology.cost import Traffic, score
+from air_hpc.topology.fabric import Fabric, SwitchSpec, build_fabric
+from air_hpc.topology.place import place_selection, slurm_default
 from air_hpc.topology.select import free_by_leaf, select_nodes
 from air_hpc.topology.synthetic import sized_fat_tree
 
@@ -310,6 +318,54 @@ def summary(cases: Sequence[Case], nodes_of: dict[str, int]) -> bool:
     return ok
 
 
+def interleaved_tree(leaves: int, leaf_size: int, leaves_per_spine: int) -> Fabric:
+    """Hostnames cabled round-robin over the leaves, so sorted hostnames jump between switches."""
+    specs = [
+        SwitchSpec(f"leaf{k + 1}", nodes=tuple(f"n{i}" for i in range(k + 1, leaves * leaf_size + 1, leaves)))
+        for k in range(leaves)
+    ]
+    spines = []
+    for j, start in enumerate(range(0, leaves, leaves_per_spine), start=1):
+        spines.append(f"spine{j}")
+        specs.append(
+            SwitchSpec(f"spine{j}", children=tuple(f"leaf{k + 1}" for k in range(start, start + leaves_per_spine)))
+        )
+    specs.append(SwitchSpec("core1", children=tuple(spines)))
+    return build_fabric(specs, "interleaved")
+
+
+MODELS = {"gpt-1.3b": (1_300_000_000, 2048, 2048, 16), "gpt-13b": (13_000_000_000, 5120, 4096, 32)}
+
+
+def placement_report(seed: int) -> bool:
+    """Our rank order vs sorted hostnames on the same nodes; True if ours never moves more bytes above the leaves."""
+    print("\n== placement: bytes per step above the leaves (GB, per level 1..top), ours vs sorted hostnames ==")
+    ok = True
+    fabrics = {"1k-3lvl": sized_fat_tree(1000, 3, seed=seed), "1k-interleaved": interleaved_tree(16, 64, 4)}
+    for name, fabric in fabrics.items():
+        available = set(fabric.nodes) - random_per_leaf(fabric, random.Random(seed))
+        for count in (16, 64, 256):
+            sel = select_nodes(fabric, available, count)
+            layout = ParallelLayout(tp=8, pp=4, dp=count * 8 // 32)
+            for model, (params, hidden, seq, microbatches) in MODELS.items():
+                traffic = Traffic.for_gpt(params, hidden, seq, 1, microbatches, layout)
+                ours = place_selection(fabric, sel, layout, 8, traffic=traffic)
+                ours_cost = score(fabric, ours.ranks, layout, traffic)
+                base_cost = score(fabric, slurm_default(sel.nodes, 8).ranks, layout, traffic)
+                ok &= ours_cost.above_leaf_bytes <= base_cost.above_leaf_bytes
+
+                def levels(cost: object) -> str:
+                    return "/".join(f"{b / 1e9:.0f}" for b in cost.total_by_level[1:])  # type: ignore[attr-defined]
+
+                ratio = ours_cost.above_leaf_bytes / base_cost.above_leaf_bytes if base_cost.above_leaf_bytes else 1.0
+                print(
+                    f"{name:<15} N={count:<4} {model:<9} tp8 pp4 dp{layout.dp:<3} {ours.strategy:<23} "
+                    f"ours {levels(ours_cost):>13}  sorted {levels(base_cost):>13}  ratio {ratio:.2f}"
+                )
+    print(f"placement never worse than sorted hostnames: {'OK' if ok else 'MISSED'}")
+    return ok
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1k and 5k nodes, few job sizes (smoke test)")
@@ -340,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 run_fabric(name, fabric, sizes, args.seed, None, cases)
     ok = summary(cases, nodes_of)
+    ok &= placement_report(args.seed)
     print("all targets met" if ok else "some targets missed")
     return 0 if ok else 1
 
