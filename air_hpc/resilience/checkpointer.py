@@ -17,6 +17,7 @@ committing one).
 
 import logging
 import multiprocessing
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -49,10 +50,22 @@ class _Pending:
         return now
 
 
-def _write_and_hash(request: Any, staging: Path, rank: int, stage_to_host: bool) -> None:
-    """Write this rank's shards and record their sha256 (in the training process, or a forked writer)."""
+def _write_and_hash(request: Any, staging: Path, rank: int, stage_to_host: bool, background: bool) -> float:
+    """Write this rank's shards and record their sha256; returns the seconds spent hashing.
+
+    Runs in the training process (sync) or in a forked writer (async), which lowers its CPU
+    priority so that on a busy node the training ranks keep their cores.
+    """
+    if background:
+        os.nice(_WRITER_NICENESS)
     state.run_request(request, stage_to_host=stage_to_host)
+    started = time.perf_counter()
     record_hashes(staging, f"rank{rank}", state.shard_files(request))
+    return time.perf_counter() - started
+
+
+#: How much lower the background writer's CPU priority is than the training process's.
+_WRITER_NICENESS = 10
 
 
 class Checkpointer:
@@ -111,8 +124,9 @@ class Checkpointer:
         pending.request = state.prepare_save(staging, step, model_chunks, optimizer, scheduler, extra)
         lap = pending.lap("plan", lap)
         if sync or not self.async_save:
-            _write_and_hash(pending.request, staging, self.rank, self.device == "cuda")
+            hash_s = _write_and_hash(pending.request, staging, self.rank, self.device == "cuda", background=False)
             pending.lap("write", lap)
+            pending.phases["hash"] = round(hash_s, 4)
             self._finish(pending, sync=True)
             dist.barrier()
             return
@@ -124,7 +138,7 @@ class Checkpointer:
         if request.async_fn is not None:
             staged = request._replace(async_fn_args=tuple(args), preload_fn=None)
             pending.process = multiprocessing.get_context("fork").Process(
-                target=_write_and_hash, args=(staged, staging, self.rank, False), daemon=False
+                target=_write_and_hash, args=(staged, staging, self.rank, False, True), daemon=False
             )
             pending.process.start()
             pending.lap("fork", lap)
@@ -135,6 +149,11 @@ class Checkpointer:
     def writing(self) -> bool:
         """An async save is in flight and not yet finalized (the same answer on every rank)."""
         return self._pending is not None
+
+    @property
+    def busy(self) -> bool:
+        """Writing, or (rank 0) committing in the background; differs across ranks, unlike :attr:`writing`."""
+        return self._pending is not None or (self._commit is not None and self._commit.is_alive())
 
     def poll(self) -> bool:
         """Call once per step on every rank: finalizes an async save whose writers all finished."""
@@ -179,22 +198,24 @@ class Checkpointer:
             return
         if sync:
             self._commit_and_report(pending, sync=True)
-        else:
-            self._commit = threading.Thread(
-                target=self._commit_in_background, args=(pending,), name="checkpoint-commit", daemon=False
-            )
-            self._commit.start()
+        self._commit = threading.Thread(
+            target=self._in_background, args=(pending, not sync), name="checkpoint-commit", daemon=False
+        )
+        self._commit.start()
 
-    def _commit_in_background(self, pending: _Pending) -> None:
+    def _in_background(self, pending: _Pending, commit: bool) -> None:
+        """Rank 0: commit an async save, then apply retention (deleting old checkpoints takes a while)."""
         try:
-            self._commit_and_report(pending, sync=False)
+            if commit:
+                self._commit_and_report(pending, sync=False)
+            self.store.apply_retention()
         except BaseException as exc:
-            log.exception("committing step %d failed", pending.step)
+            log.exception("committing step %d or applying retention failed", pending.step)
             self._commit_error = exc
 
     def _commit_and_report(self, pending: _Pending, sync: bool) -> None:
         lap = time.perf_counter()
-        path = self.store.commit(pending.step)
+        path = self.store.commit(pending.step, retain=False)
         pending.lap("commit", lap)
         manifest = self.store.verify(pending.step, check="size")
         seconds = time.perf_counter() - pending.started_s
@@ -217,23 +238,37 @@ class Checkpointer:
 
     # -- resuming -----------------------------------------------------------------------------
     def find_resume_step(self) -> int | None:
-        """Rank 0 picks the newest checkpoint that verifies and tells everyone (one broadcast)."""
-        import torch
+        """The newest checkpoint that verifies, the same on every rank; None on the first start.
+
+        Rank 0 lists the candidates (one broadcast); for each, newest first, every rank checks all
+        sizes and hashes its share of the files (``checkpoint.verify: sha256``), so reading the
+        checkpoint back is spread over the ranks and nodes; one all-gather collects the verdicts.
+        """
         import torch.distributed as dist
 
-        value = -1
-        if self.rank == 0:
-            resolution = self.store.resolve(check=self.verify)
-            for path in resolution.partial:
+        rank, world = self.rank, dist.get_world_size()
+        listing: list[Any] = [None]
+        if rank == 0:
+            for path in self.store.partial():
+                log.warning("ignoring %s: a save that did not finish", path)
                 self._emit("checkpoint_partial", path=str(path), why="save did not finish; ignored")
-            for step, why in resolution.skipped:
-                self._emit("checkpoint_skipped", step=step, why=why)
-            value = -1 if resolution.step is None else resolution.step
-        device = torch.device("cuda", torch.cuda.current_device()) if self.device == "cuda" else torch.device("cpu")
-        tensor = torch.tensor([value], dtype=torch.int64, device=device)
-        dist.broadcast(tensor, src=0)
-        step = int(tensor.item())
-        return None if step < 0 else step
+            listing = [sorted(self.store.committed_steps(), reverse=True)]
+        dist.broadcast_object_list(listing, src=0)
+        for step in listing[0]:
+            problem = None
+            try:
+                self.store.verify(step, check=self.verify, share=(rank, world))
+            except CheckpointError as exc:
+                problem = str(exc)
+            problems: list[Any] = [None] * world
+            dist.all_gather_object(problems, problem)
+            found = [p for p in problems if p]
+            if not found:
+                return int(step)
+            if rank == 0:
+                log.warning("skipping checkpoint step %d: %s", step, found[0])
+                self._emit("checkpoint_skipped", step=step, why=found[0])
+        return None
 
     def resume(
         self,

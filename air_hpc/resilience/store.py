@@ -135,15 +135,18 @@ def sha256_file(path: Path) -> str:
 
 
 def record_hashes(staging: Path, writer: str, files: Iterable[Path], threads: int = 2) -> None:
-    """Called by each writer right after writing its files: hash them while they are in its page cache.
+    """Called by each writer right after writing its files: fsync them, hash them from its page cache.
 
     Spreads the cost of hashing over the ranks (and nodes) instead of re-reading everything on
-    rank 0; :meth:`CheckpointStore.commit` merges these records into the manifest.
+    rank 0, and fsyncs where the data was written (on NFS or Lustre another node's fsync does
+    not flush this node's cache). :meth:`CheckpointStore.commit` merges these records into the
+    manifest and trusts them for files whose size still matches.
     """
     paths = [Path(p) for p in files]
 
     def one(path: Path) -> dict[str, object]:
         digest = sha256_file(path)
+        fsync_path(path)  # the writer's own fsync is what makes its data durable on a shared file system
         return {"path": path.relative_to(staging).as_posix(), "bytes": path.stat().st_size, "sha256": digest}
 
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
@@ -216,11 +219,12 @@ class CheckpointStore:
                 shutil.rmtree(trash, ignore_errors=True)
         return removed
 
-    def commit(self, step: int) -> Path:
+    def commit(self, step: int, retain: bool = True) -> Path:
         """Rank 0, after every rank finished writing: make ``step`` durable, visible, and the latest.
 
         fsync each file and directory, write the manifest last, rename into ``step_*``, move the
-        ``latest`` pointer, apply retention.
+        ``latest`` pointer, then (``retain``) apply retention; deleting large old checkpoints takes
+        a while, so the checkpointer does that part off the critical path.
         """
         staging = self.root / f".tmp-{step_name(step)}"
         if not staging.is_dir():
@@ -248,7 +252,8 @@ class CheckpointStore:
             manifest.bytes / 1e6,
             time.monotonic() - started,
         )
-        self.apply_retention()
+        if retain:
+            self.apply_retention()
         return final
 
     def _hash_and_sync(self, directory: Path) -> list[FileEntry]:
@@ -266,10 +271,10 @@ class CheckpointStore:
             name = path.relative_to(directory).as_posix()
             size = path.stat().st_size
             entry = known.get(name)
-            if entry is None or entry.bytes != size:
-                entry = FileEntry(name, size, sha256_file(path))
+            if entry is not None and entry.bytes == size:
+                return entry  # hashed and fsynced by the rank that wrote it
             fsync_path(path)
-            return entry
+            return FileEntry(name, size, sha256_file(path))
 
         with ThreadPoolExecutor(max_workers=self.hash_threads) as pool:
             entries = list(pool.map(one, files))
@@ -328,8 +333,12 @@ class CheckpointStore:
             return None
         return int(match.group(1)) if match else None
 
-    def verify(self, step: int, check: Check = "sha256") -> Manifest:
-        """Raise :class:`CheckpointError` naming the file and what is wrong, else return the manifest."""
+    def verify(self, step: int, check: Check = "sha256", share: tuple[int, int] = (0, 1)) -> Manifest:
+        """Raise :class:`CheckpointError` naming the file and what is wrong, else return the manifest.
+
+        ``share=(i, n)``: hash only every n-th file starting at i, so that n ranks can split the
+        reading (sizes are always checked for every file).
+        """
         directory = self.path(step)
         if not directory.is_dir():
             raise CheckpointError(f"{directory}: no such checkpoint")
@@ -345,9 +354,10 @@ class CheckpointStore:
             if size != entry.bytes:
                 raise CheckpointError(f"{path}: {size} bytes, the manifest says {entry.bytes}")
         if check == "sha256":
+            mine = manifest.files[share[0] :: share[1]]
             with ThreadPoolExecutor(max_workers=self.hash_threads) as pool:
-                digests = list(pool.map(sha256_file, (directory / e.path for e in manifest.files)))
-            for entry, digest in zip(manifest.files, digests, strict=True):
+                digests = list(pool.map(sha256_file, (directory / e.path for e in mine)))
+            for entry, digest in zip(mine, digests, strict=True):
                 if digest != entry.sha256:
                     raise CheckpointError(
                         f"{directory / entry.path}: sha256 {digest[:12]}… does not match the manifest's "

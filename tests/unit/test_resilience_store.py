@@ -207,3 +207,11 @@ def test_unreadable_hash_record(store: CheckpointStore) -> None:
     (staging / ".sha256-rank3.json").write_text("[{")
     with pytest.raises(CheckpointError, match=r"\.sha256-rank3\.json: unreadable hash record"):
         store.commit(9)
+
+
+def test_verify_share_hashes_only_its_files(store: CheckpointStore) -> None:
+    save(store, 10)
+    flip_byte(store.path(10) / "common.pt", offset=5)  # files: __0_0.distcp, common.pt, sub/shard_0.pt
+    store.verify(10, share=(0, 2))  # hashes files 0 and 2
+    with pytest.raises(CheckpointError, match=r"common\.pt: sha256"):
+        store.verify(10, share=(1, 2))
