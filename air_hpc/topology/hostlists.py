@@ -49,30 +49,39 @@ def natural_sorted(names: Iterable[str]) -> list[str]:
 
 def compress(names: Iterable[str]) -> str:
     """The sorted, shortest expression ranging only trailing numbers (``n[1-3,7],gpu[01-02]``)."""
-    plain: list[tuple[tuple[str, int, int, str], str]] = []
-    by_prefix: dict[str, tuple[tuple[str, int, int, str], list[str]]] = {}
-    for name in natural_sorted(names):
-        key = _key(name)
+    pieces: list[tuple[tuple[str, int, int, str], str]] = []
+    prefix_key: tuple[str, int, int, str] | None = None
+    runs: list[list[str]] = []  # [first digits, last digits]
+    last_value = -2
+
+    def flush() -> None:
+        if prefix_key is None:
+            return
+        texts = [first if first == last else f"{first}-{last}" for first, last in runs]
+        body = texts[0] if len(texts) == 1 and "-" not in texts[0] else f"[{','.join(texts)}]"
+        pieces.append((prefix_key, prefix_key[0] + body))
+
+    for key in sorted({_key(name) for name in names}):
         prefix, value, _, digits = key
         if value < 0:
-            plain.append((key, name))
+            pieces.append((key, prefix))
             continue
-        runs = by_prefix.setdefault(prefix, (key, []))[1]
-        if runs and _extends(runs[-1], digits):
-            runs[-1] = f"{runs[-1].split('-')[0]}-{digits}"
+        if prefix_key is None or prefix != prefix_key[0]:
+            flush()
+            prefix_key, runs, last_value = key, [], -2
+        if runs and value == last_value + 1 and _same_padding(runs[-1][1], digits):
+            runs[-1][1] = digits
         else:
-            runs.append(digits)
-    pieces = [
-        (key, f"{prefix}{runs[0]}" if len(runs) == 1 and "-" not in runs[0] else f"{prefix}[{','.join(runs)}]")
-        for prefix, (key, runs) in by_prefix.items()
-    ]
-    return ",".join(text for _, text in sorted([*plain, *pieces]))
+            runs.append([digits, digits])
+        last_value = value
+    flush()
+    return ",".join(text for _, text in sorted(pieces))
 
 
-def _extends(run: str, digits: str) -> bool:
-    """Whether ``digits`` continues the range ``run`` ("7" or "07-09") without changing its zero padding."""
-    last = run.split("-")[-1]
-    if int(digits) != int(last) + 1:
-        return False
-    padded = last.startswith("0") and len(last) > 1
-    return len(digits) == len(last) or (not padded and not (digits.startswith("0") and len(digits) > 1))
+def _same_padding(last: str, digits: str) -> bool:
+    """Whether ``digits`` may continue a range ending in ``last`` ("07-08" + "09", "9" + "10", not "9" + "010")."""
+    return len(digits) == len(last) or not (_padded(last) or _padded(digits))
+
+
+def _padded(digits: str) -> bool:
+    return len(digits) > 1 and digits[0] == "0"
