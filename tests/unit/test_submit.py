@@ -8,7 +8,7 @@ import pytest
 from air_hpc.cli.main import cli
 from air_hpc.config import load_job
 from air_hpc.errors import ConfigError, SlurmUnreachableError, TopologyError, UserError
-from air_hpc.launch.runs import latest_submission, submissions
+from air_hpc.launch.runs import Progress, latest_submission, progress, record_submission, submissions
 from air_hpc.launch.submit import plan, submit
 from air_hpc.rundir import RunDir
 from air_hpc.slurm.fake import FakeSlurm
@@ -225,3 +225,14 @@ def test_cli_logs_follow_stops_when_the_job_ends(tmp_path: Path, capsys: pytest.
     invoke(fake, ["logs", str(done.run_dir), "-f"])
     out = capsys.readouterr().out
     assert out == f"==> slurm-{done.job_id}.err <==\nair-hpc: step failed with exit code 1\npartial\n"
+
+
+def test_run_records_survive_a_torn_last_line(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "run")
+    record_submission(run, "7", "slurm", now_s=1.0)
+    with run.submissions.open("a") as out:
+        out.write('{"event": "started", "job_id": "7", "restart_count": 0}\n{"event": "sta')
+    run.metrics.write_text('{"step": 3, "loss": 1.5}\n{"step": 4, "lo')
+    (record,) = submissions(run)
+    assert (record.job_id, record.starts) == ("7", 1)
+    assert progress(run, 10) == Progress(step=3, total_steps=10, loss=1.5, tokens_per_s=None)
