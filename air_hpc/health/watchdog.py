@@ -22,6 +22,7 @@ On a hang every rank's watchdog fires and:
    a hung collective never returns, so normal shutdown would hang too.
 """
 
+import contextlib
 import faulthandler
 import json
 import logging
@@ -34,6 +35,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+import psutil
 
 from air_hpc.config.models import HealthConfig
 from air_hpc.exitcodes import ExitCode
@@ -167,6 +170,19 @@ def read_stall_reports(directory: Path) -> dict[int, StallReport]:
     return reports
 
 
+def _kill_children() -> None:
+    """Kill this rank's child processes (checkpoint writers, queue managers): ``os._exit`` skips their
+    shutdown, and orphans left behind keep the Slurm step, and so the job, alive."""
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    psutil.wait_procs(children, timeout=5)
+
+
 class Watchdog:
     """Watches one rank's heartbeat from a daemon thread; on a hang, diagnoses, records and exits."""
 
@@ -234,6 +250,7 @@ class Watchdog:
         finally:
             for handler in logging.getLogger().handlers:
                 handler.flush()
+            _kill_children()
             self._exit_process(int(ExitCode.HUNG))
 
     def _diagnose_and_record(self, beat: Beat) -> None:
@@ -262,7 +279,10 @@ class Watchdog:
         if not write_exit_code(directory, ExitCode.HUNG):
             return
         if suspects.hosts:
-            reason = f"hung: {suspects.why}; rank {beat.rank} saw no progress in {beat.phase} step {beat.step}"
+            reason = (
+                f"hung: {suspects.why}; rank {beat.rank} saw no progress for {silent_s:.0f} s "
+                f"in phase {beat.phase} at step {beat.step}"
+            )
             append_bad_nodes(self.bad_nodes_path, suspects.hosts, reason)
         if self.events is not None:
             self.events.emit(

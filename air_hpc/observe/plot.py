@@ -59,8 +59,19 @@ def plot_run(records: RunRecords, report: RunReport, output: Path, title: str) -
     for restart in report.restarts:
         color = CAUSE_COLORS.get(restart.cause, "tab:gray")
         end = restart.resumed_s if restart.resumed_s is not None else report.last_activity_s
+        lost_from = restart.interrupted_s - restart.lost_compute_s
         for ax in (ax_loss, ax_tps, ax_time):
             ax.axvspan(minutes(restart.interrupted_s), minutes(end), color=color, alpha=0.15, linewidth=0)
+            # Training after the last checkpoint that had to be done again: lost too, drawn hatched.
+            ax.axvspan(
+                minutes(lost_from),
+                minutes(restart.interrupted_s),
+                facecolor="none",
+                edgecolor=color,
+                hatch="//",
+                alpha=0.4,
+                linewidth=0,
+            )
     ax_time.set_xlabel("minutes since the first start")
     goodput = f"{100 * report.goodput:.1f}%" if report.goodput is not None else "n/a"
     fig.suptitle(
