@@ -1,0 +1,56 @@
+"""metrics.jsonl records, the resume truncation, and rank-tagged log lines."""
+
+import logging
+from pathlib import Path
+
+from air_hpc.config.load import load_job
+from air_hpc.train.metrics import MetricsWriter, RankFormatter, StepMetrics, flops_per_token, read_metrics
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def record(step: int, loss: float = 1.0) -> StepMetrics:
+    return StepMetrics(step=step, loss=loss, lr=1e-3, grad_norm=0.5, tokens_per_s=10.0, step_time_s=0.1)
+
+
+def test_loss_round_trips_exactly_and_unset_fields_are_left_out(tmp_path: Path) -> None:
+    loss = 6.263478755950928 + 1e-15
+    writer = MetricsWriter(tmp_path / "metrics.jsonl")
+    writer.write(record(1, loss))
+    writer.write(StepMetrics(2, loss, 1e-3, 0.5, 10.0, 0.1, resumed_from=1, rng_restored=True))
+    writer.close()
+    first, second = read_metrics(tmp_path / "metrics.jsonl")
+    assert first["loss"] == loss
+    assert "mfu" not in first and "resumed_from" not in first
+    assert (second["resumed_from"], second["rng_restored"]) == (1, True)
+
+
+def test_resume_drops_steps_after_the_checkpoint_and_a_torn_line(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(record(s).to_json() + "\n" for s in range(1, 6)) + '{"step": 6, "lo')
+    writer = MetricsWriter(path, keep_through_step=3)
+    writer.write(record(4, 2.0))
+    writer.close()
+    assert [(r["step"], r["loss"]) for r in read_metrics(path)] == [(1, 1.0), (2, 1.0), (3, 1.0), (4, 2.0)]
+
+
+def test_a_fresh_start_keeps_nothing_of_an_old_file(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(record(1).to_json() + "\n")
+    MetricsWriter(path, keep_through_step=0).close()
+    assert read_metrics(path) == []
+
+
+def test_every_line_of_a_record_carries_the_rank() -> None:
+    formatter = RankFormatter(7)
+    message = logging.LogRecord("x", logging.INFO, __file__, 1, "first\nsecond", None, None)
+    lines = formatter.format(message).splitlines()
+    assert len(lines) == 2 and all(" rank=7 INFO x: " in line for line in lines)
+
+
+def test_flops_per_token_of_gpt_125m_follows_the_12_l_h_squared_rule() -> None:
+    """With ffn = 4h a layer holds 12 h^2 matmul weights; attention scores add 12 L h s per token."""
+    model = load_job(REPO / "configs/jobs/gpt-tiny-local.yaml", ["model=gpt-125m", "parallel.tp=1"]).model
+    layers, h, s, vocab = model.num_layers, model.hidden_size, model.seq_len, model.vocab_size
+    assert model.ffn_hidden_size == 4 * h
+    assert flops_per_token(model) == 6 * (12 * layers * h * h + h * vocab) + 12 * layers * h * s
