@@ -13,7 +13,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from air_hpc.config.models import JobConfig
-from air_hpc.health.heartbeat import Heartbeat, generation, generation_dir
+from air_hpc.exitcodes import ExitCode
+from air_hpc.health.heartbeat import Heartbeat, generation, generation_dir, write_exit_code
 from air_hpc.health.preflight import enforce, run_preflight
 from air_hpc.health.watchdog import PhaseLimits, Watchdog
 from air_hpc.resilience.events import EventLog
@@ -55,6 +56,15 @@ def rank_guard(
     finally:
         if watchdog is not None:
             watchdog.stop()
+
+
+def record_verdict(run_dir: RunDir, environ: Mapping[str, str], code: ExitCode) -> None:
+    """Tell the batch script why this rank stops (e.g. REQUEUE after a preemption save).
+
+    The first rank to exit non-zero makes ``srun --kill-on-bad-exit`` kill the
+    others, and ``srun`` then reports their SIGTERM (143) instead of our code.
+    """
+    write_exit_code(generation_dir(run_dir, generation(environ)), code)
 
 
 def prune_generations(run_dir: RunDir, keep: str) -> None:

@@ -20,7 +20,7 @@ import submitit
 
 from air_hpc.errors import ConfigError
 from air_hpc.exitcodes import ExitCode
-from air_hpc.health.guard import rank_guard
+from air_hpc.health.guard import rank_guard, record_verdict
 from air_hpc.rundir import RunDir
 from air_hpc.train.parallel import DistEnv, apply_rank_order
 
@@ -110,6 +110,8 @@ class TrainingEntry(submitit.helpers.Checkpointable):
                 backend: parallel.Backend = "gloo" if on_cpu else "nccl"
                 ctx = stack.enter_context(parallel.distributed(env, job.layout, backend, job.train.dist_timeout_s))
                 summary = trainer.train(job, run_dir, ctx, heartbeat)
+            if summary.exit_code != ExitCode.OK:
+                record_verdict(run_dir, os.environ, summary.exit_code)
             if summary.exit_code == ExitCode.REQUEUE and os.environ.get("SUBMITIT_EXECUTOR"):
                 _requeue_through_submitit(env.rank)
             return summary
