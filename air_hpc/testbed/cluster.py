@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -78,13 +79,23 @@ def missing_packages(search_path: str | None = None) -> list[str]:
     return sorted({pkg for binary, pkg in REQUIRED_BINARIES.items() if not shutil.which(binary, path=search_path)})
 
 
-def free_ports(count: int) -> list[int]:
-    """Ask the kernel for distinct free loopback ports (held open together so they differ)."""
-    sockets = []
+#: Ports are drawn below Linux's default ephemeral range (32768-60999), so the outgoing
+#: connections of busy neighbours cannot take one between our choice and the daemon's bind.
+PORT_RANGE = (20000, 32767)
+
+
+def free_ports(count: int, rng: random.Random | None = None) -> list[int]:
+    """Distinct loopback ports that are free now, held open together while choosing."""
+    rng = rng or random.Random()
+    sockets: list[socket.socket] = []
     try:
-        for _ in range(count):
+        while len(sockets) < count:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
+            try:
+                s.bind(("127.0.0.1", rng.randint(*PORT_RANGE)))
+            except OSError:
+                s.close()
+                continue
             sockets.append(s)
         return [s.getsockname()[1] for s in sockets]
     finally:
@@ -129,7 +140,11 @@ class Testbed:
                 "the testbed needs Debian packages that are not installed: "
                 f"apt-get install --no-install-recommends {' '.join(missing)}"
             )
-        self._start(leaves, timeout_s)
+        try:
+            self._start(leaves, timeout_s)
+        except TestbedError as exc:
+            log.warning("testbed start failed (%s); retrying once on fresh ports", exc)
+            self._start(leaves, timeout_s)
         return self.status()
 
     def down(self, timeout_s: float = 30.0) -> list[Daemon]:
@@ -229,7 +244,7 @@ class Testbed:
                         str(lay.slurm_conf),
                     ],
                 )
-            self._wait_nodes_idle(nodes, deadline)
+            self._wait_nodes_idle(state, deadline)
         except BaseException:
             self.down()
             raise
@@ -316,15 +331,18 @@ class Testbed:
         self._write_state(state)
         log.info("started %s (pid %d)", name, proc.pid)
 
-    def _wait_nodes_idle(self, nodes: list[str], deadline: float) -> None:
+    def _wait_nodes_idle(self, state: dict[str, Any], deadline: float) -> None:
         client = self.client(retries=0, timeout_s=5)
         states: dict[str, str] = {}
         while time.monotonic() < deadline:
+            dead = [d["name"] for d in state["daemons"] if Daemon(**d).process() is None]
+            if dead:
+                raise TestbedError(f"{', '.join(dead)} exited during start-up; see {self.layout.log}/{dead[0]}.out")
             try:
                 states = self._node_states(client)
             except SlurmError:
                 states = {}
-            if states and all(states.get(n, "").startswith("idle") for n in nodes):
+            if states and all(states.get(n, "").startswith("idle") for n in state["nodes"]):
                 return
             time.sleep(0.5)
         raise TestbedError(
