@@ -139,9 +139,19 @@ def _documents(path: Path) -> Iterator[Iterator[str]]:
         return
 
     def pieces() -> Iterator[str]:
+        """Blocks cut after a line end, so a subword tokenizer rarely sees a word split (only in huge lines)."""
+        carry = ""
         with path.open(encoding="utf-8", errors="replace") as fh:
             while block := fh.read(_BLOCK_BYTES):
-                yield block
+                text = carry + block
+                head, newline, carry = text.rpartition("\n")
+                if newline:
+                    yield head + newline
+                elif len(text) >= 4 * _BLOCK_BYTES:
+                    yield text
+                    carry = ""
+        if carry:
+            yield carry
 
     yield pieces()
 
@@ -170,22 +180,20 @@ def prepare(inputs: Iterable[Path], output: Path, tokenizer: Tokenizer) -> Corpu
     final_tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
     try:
         with h5py.File(scratch, "w") as raw:
-            tokens = raw.create_dataset("tokens", (0,), maxshape=(None,), dtype=dtype, chunks=(_CHUNK_TOKENS,))
-            offsets = [0]
+            tokens = _Appender(raw, "tokens", dtype)
+            offsets = _Appender(raw, "doc_offsets", np.dtype(np.uint64))
+            offsets.extend([0])
             for path in inputs:
                 for doc in _documents(path):
                     for piece in doc:
-                        _append(tokens, tokenizer.encode(piece), dtype)
-                    _append(tokens, [tokenizer.eod_id], dtype)
-                    offsets.append(tokens.shape[0])
-            total = tokens.shape[0]
-            if total == 0:
+                        tokens.extend(tokenizer.encode(piece))
+                    tokens.extend([tokenizer.eod_id])
+                    offsets.extend([tokens.length])
+            if tokens.length == 0:
                 raise InputError(f"{', '.join(map(str, inputs))}: no text to tokenize")
             with h5py.File(final_tmp, "w") as out:
-                dest = out.create_dataset("tokens", (total,), dtype=dtype)
-                for start in range(0, total, _BLOCK_BYTES):
-                    dest[start : start + _BLOCK_BYTES] = tokens[start : start + _BLOCK_BYTES]
-                out.create_dataset("doc_offsets", data=np.asarray(offsets, dtype=np.uint64))
+                tokens.copy_contiguous(out)
+                offsets.copy_contiguous(out)
                 out.attrs.update(
                     format=FORMAT_VERSION,
                     tokenizer=tokenizer.name,
@@ -203,12 +211,35 @@ def prepare(inputs: Iterable[Path], output: Path, tokenizer: Tokenizer) -> Corpu
     return info
 
 
-def _append(dataset: h5py.Dataset, ids: Sequence[int], dtype: np.dtype[Any]) -> None:
-    if not ids:
-        return
-    start = dataset.shape[0]
-    dataset.resize((start + len(ids),))
-    dataset[start:] = np.asarray(ids, dtype=dtype)
+class _Appender:
+    """A growing 1-D dataset written in large blocks: memory stays bounded by the buffer."""
+
+    def __init__(self, fh: h5py.File, name: str, dtype: np.dtype[Any]) -> None:
+        self.name = name
+        self.dtype = dtype
+        self.dataset = fh.create_dataset(name, (0,), maxshape=(None,), dtype=dtype, chunks=(_CHUNK_TOKENS,))
+        self.buffer: list[int] = []
+        self.length = 0
+
+    def extend(self, values: Sequence[int]) -> None:
+        self.buffer.extend(values)
+        self.length += len(values)
+        if len(self.buffer) >= _BLOCK_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.buffer:
+            start = self.dataset.shape[0]
+            self.dataset.resize((start + len(self.buffer),))
+            self.dataset[start:] = np.asarray(self.buffer, dtype=self.dtype)
+            self.buffer = []
+
+    def copy_contiguous(self, out: h5py.File) -> None:
+        """Write the data as a contiguous dataset of ``out`` (which the reader can memory-map)."""
+        self.flush()
+        dest = out.create_dataset(self.name, (self.length,), dtype=self.dtype)
+        for start in range(0, self.length, _BLOCK_BYTES):
+            dest[start : start + _BLOCK_BYTES] = self.dataset[start : start + _BLOCK_BYTES]
 
 
 def inspect(path: Path) -> CorpusInfo:

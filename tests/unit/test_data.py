@@ -46,11 +46,16 @@ def test_prepare_writes_tokens_offsets_and_attributes(corpus: Path) -> None:
 def test_prepare_streams_a_file_larger_than_one_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(data, "_BLOCK_BYTES", 64)
     src = tmp_path / "big.txt"
-    src.write_text("".join(chr(97 + i % 26) for i in range(1000)))
+    words = " ".join(f"w{i}" for i in range(300))
+    src.write_text(f"{words}\n" + "".join(f"line {i}\n" for i in range(100)) + words)
     out = tmp_path / "big.h5"
     data.prepare([src], out, data.ByteTokenizer())
     with h5py.File(out, "r") as fh:
         assert data.ByteTokenizer().decode(fh["tokens"][:-1].tolist()) == src.read_text()
+        assert fh["doc_offsets"][:].tolist() == [0, len(src.read_bytes()) + 1]
+    pieces = list(next(data._documents(src)))
+    assert "".join(pieces) == src.read_text()
+    assert all(p.endswith("\n") or len(p) >= 4 * 64 for p in pieces[:-1])
 
 
 def test_token_dtype_is_the_narrowest_that_fits() -> None:
