@@ -116,7 +116,8 @@ class StepRunner:
         if not self.ctx.is_last_stage:
             return float("nan")
         total = torch.stack([entry["lm loss"] for entry in losses]).sum(dim=0)
-        torch.distributed.all_reduce(total, group=self.ctx.dp_group)
+        if self.ctx.layout.dp > 1:
+            torch.distributed.all_reduce(total, group=self.ctx.dp_group)
         return float(total[0] / total[1])
 
 
