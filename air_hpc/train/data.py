@@ -245,7 +245,10 @@ class _Appender:
 def inspect(path: Path) -> CorpusInfo:
     """Open and check a token file; raise :class:`InputError` naming what is wrong."""
     if not path.is_file():
-        raise InputError(f"{path}: no such HDF5 token file; build one with `air-hpc data prepare`")
+        raise InputError(
+            f"{path}: no such HDF5 token file; build one with `air-hpc data prepare INPUT... -o {path}` "
+            f"(the demo corpus: `air-hpc data prepare --project -o {path}`)"
+        )
     try:
         with h5py.File(path, "r") as fh:
             missing = [name for name in ("tokens", "doc_offsets") if name not in fh]
