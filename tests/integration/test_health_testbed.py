@@ -1,11 +1,11 @@
 """Health on the real Slurm testbed: an unhealthy node and a hung rank are blamed, excluded on requeue, and
 the run finishes on other nodes.
 
-The batch scripts are the real rendered template; the step is a small payload
-running the real health code (pre-flight through ``rank_guard``, heartbeat and
-watchdog, gloo collectives), so each job takes seconds. Node faults are
-injected at the boundary: an ``ibstat`` on PATH that reports a port Down on
-one node, and a rank that sleeps forever in the middle of a step.
+The batch scripts are the real rendered template. Faults are injected at the
+boundary: an ``ibstat`` on PATH that reports a port Down on one node (the step
+is a small payload running the real pre-flight through ``rank_guard``), and a
+rank of the real trainer that sleeps forever in the middle of a step (through
+``sitecustomize`` on the job's PYTHONPATH).
 """
 
 import json
@@ -32,11 +32,11 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 TESTBED_JOB = REPO / "configs" / "jobs" / "gpt-tiny-testbed.yaml"
 IBSTAT = REPO / "tests" / "data" / "ibstat"
-STEP_LIMIT_S = 4
+STEP_LIMIT_S = 6
 
-#: argv: RUN_DIR HANG_RANK. Pre-flight + heartbeat + watchdog through rank_guard, then steps of one
-#: gloo all-reduce each. On the first start rank HANG_RANK sleeps forever in step 3; healthy ranks
-#: that cannot start (a bad node failed pre-flight) wait in the rendezvous, as real ones would.
+#: argv: RUN_DIR. Pre-flight + heartbeat + watchdog through rank_guard, then steps of one gloo
+#: all-reduce each. Healthy ranks that cannot start (a bad node failed pre-flight) wait in the
+#: rendezvous until srun kills them, as real ones would.
 PAYLOAD = """
 import os, sys, time
 from pathlib import Path
@@ -46,7 +46,7 @@ from air_hpc.health.guard import rank_guard
 from air_hpc.rundir import RunDir
 from air_hpc.train.metrics import setup_rank_logging
 
-run_dir, hang_rank = RunDir(Path(sys.argv[1])), int(sys.argv[2])
+run_dir = RunDir(Path(sys.argv[1]))
 job = run_dir.read_job()
 rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
 host, restart = os.environ["SLURMD_NODENAME"], int(os.environ.get("SLURM_RESTART_COUNT", "0"))
@@ -59,9 +59,6 @@ try:
         tensor = torch.ones(2)
         for step in range(1, 6):
             heartbeat.beat("step", step)
-            if rank == hang_rank and step == 3 and restart == 0:
-                while True:
-                    time.sleep(3600)
             dist.all_reduce(tensor)
         dist.destroy_process_group()
 except AirHpcError as exc:
@@ -95,17 +92,15 @@ def corpus(tmp_path: Path) -> Path:
     from air_hpc.train import data
 
     text = tmp_path / "text.txt"
-    text.write_text("the quick brown fox jumps over the lazy dog\n" * 20)
+    text.write_text("the quick brown fox jumps over the lazy dog\n" * 200)
     return data.prepare([text], tmp_path / "corpus.h5", data.ByteTokenizer()).path
 
 
-def run_payload(testbed: Any, tmp_path: Path, job: JobConfig, hang_rank: int = -1) -> tuple[str, list[str]]:
+def run_payload(testbed: Any, tmp_path: Path, job: JobConfig) -> tuple[str, list[str]]:
     """Submit, wait for the end; returns the final state and the node list of each start."""
     payload = tmp_path / "payload.py"
     payload.write_text(PAYLOAD)
-    done = submit(
-        job, "slurm", testbed.client, step_command=[sys.executable, str(payload), str(job.run.dir), str(hang_rank)]
-    )
+    done = submit(job, "slurm", testbed.client, step_command=[sys.executable, str(payload), str(job.run.dir)])
     deadline = time.monotonic() + 100
     status = testbed.client.job_status(done.job_id)
     while status is None or not status.state.terminal:
@@ -151,20 +146,71 @@ def test_unhealthy_node_is_recorded_and_excluded_on_requeue(testbed: Any, tmp_pa
     assert later.exclude == bad and bad not in hostlist.expand_hostlist(later.nodelist)
 
 
-def test_hung_rank_is_detected_excluded_and_the_run_finishes(testbed: Any, tmp_path: Path, corpus: Path) -> None:
-    job = make_job(testbed, tmp_path, "hung", f"health.heartbeat_step_s={STEP_LIMIT_S}", "health.preflight=false")
+#: Injected through PYTHONPATH into the real trainer: on the first start, rank 3 sleeps forever in
+#: the middle of its 8th step (after the step-6 checkpoint).
+HANG_INJECTION = """
+import os, sys, threading, time
+
+def _patch():
+    while not hasattr(sys.modules.get("air_hpc.train.loop"), "StepRunner"):
+        time.sleep(0.02)
+    runner = sys.modules["air_hpc.train.loop"].StepRunner
+    original, calls = runner.step, [0]
+
+    def step(self, consumed):
+        calls[0] += 1
+        if calls[0] == 8:
+            while True:
+                time.sleep(3600)
+        return original(self, consumed)
+
+    runner.step = step
+
+if os.environ.get("SLURM_PROCID") == "3" and os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
+    threading.Thread(target=_patch, daemon=True).start()
+"""
+
+
+def test_hung_rank_in_the_real_trainer_is_detected_excluded_and_the_run_finishes(
+    testbed: Any, tmp_path: Path, corpus: Path
+) -> None:
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(HANG_INJECTION)
+    job = make_job(
+        testbed,
+        tmp_path,
+        "hung",
+        "train.steps=12",
+        "train.lr_warmup_steps=1",
+        "checkpoint.interval_steps=3",
+        f"health.heartbeat_step_s={STEP_LIMIT_S}",
+        f"env.PYTHONPATH={inject}",
+    )
     hang_rank = 3
-    state, starts = run_payload(testbed, tmp_path, job, hang_rank)
+    done = submit(job, "slurm", testbed.client)
+    deadline = time.monotonic() + 150
+    status = testbed.client.job_status(done.job_id)
+    while status is None or not status.state.terminal:
+        assert time.monotonic() < deadline, f"job {done.job_id} did not end: {status}"
+        time.sleep(1)
+        status = testbed.client.job_status(done.job_id)
     run_dir = RunDir.of(job)
-    assert state == str(JobState.COMPLETED), starts
-    first_start = next(p for p in run_dir.heartbeat.iterdir() if p.name.endswith("-0"))
+    starts = [row["nodelist"] for row in read_jsonl(run_dir.submissions) if row.get("event") == "started"]
+    assert str(status.state) == str(JobState.COMPLETED), starts
+    first_start = run_dir.heartbeat / f"{done.job_id}-0"
     hung_beat = json.loads((first_start / f"rank-{hang_rank:05d}.json").read_text())
-    (hang,) = [e for e in read_events(run_dir.events) if e["kind"] == "hang"]
-    assert hang["suspect_ranks"] == [hang_rank] and hang["suspect_nodes"] == [hung_beat["host"]]
+    events = read_events(run_dir.events)
+    (hang,) = [e for e in events if e["kind"] == "hang"]
+    assert (hang["step"], hang["suspect_ranks"], hang["suspect_nodes"]) == (8, [hang_rank], [hung_beat["host"]])
     assert hang["time"] - hung_beat["time_s"] < 2 * STEP_LIMIT_S, (hang, hung_beat)
     assert read_bad_nodes(run_dir.bad_nodes) == (hung_beat["host"],)
     assert len(starts) == 2 and hung_beat["host"] not in hostlist.expand_hostlist(starts[1]), starts
     hung_log = run_dir.rank_log(hang_rank).read_text()
-    assert f"Python stacks of all threads of rank {hang_rank}" in hung_log and "payload.py" in hung_log
+    assert f"Python stacks of all threads of rank {hang_rank}" in hung_log and "sitecustomize.py" in hung_log
+    # Resumed from the newest committed checkpoint (the async step-6 save may still be committing at the hang).
+    assert [e["step"] for e in events if e["kind"] == "resume"] in ([6], [3])
+    records = read_jsonl(run_dir.metrics)
+    assert [r["step"] for r in records] == list(range(1, 13))
     batch_err = "".join(p.read_text() for p in run_dir.logs.glob("slurm-*.err"))
-    assert "requeue 1 of 2" in batch_err
+    assert "the ranks' verdict is 86" in batch_err or "step exited 86" in batch_err
