@@ -4,9 +4,8 @@ Megatron assumes CUDA in a handful of places even when ``use_cpu_initialization`
 is set: literal ``device="cuda"`` in the schedules, the causal mask, the optimizer
 and grad clipping; ``torch.cuda.current_device()``/``synchronize()`` in the p2p
 communication and the grad buffers; the RNG tracker reads and writes the CUDA
-generator; grad clipping asserts ``torch.cuda.FloatTensor``; and the first
-``dist_checkpointing`` save starts a multiprocessing Manager with the spawn
-context, which re-imports ``__main__`` after the process group exists.
+generator; grad clipping asserts ``torch.cuda.FloatTensor``. (The checkpoint
+result queue, a problem on every device, is :func:`air_hpc.train.parallel.start_checkpoint_queue`.)
 
 Each workaround is a :class:`Patch` that replaces one attribute of one Megatron
 module and names the source text that makes it necessary, so
@@ -22,13 +21,14 @@ Used only when the job's device is CPU; GPU ranks never import this module.
 import contextlib
 import importlib
 import logging
-import multiprocessing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
 import torch
+
+from air_hpc.train import parallel
 
 log = logging.getLogger(__name__)
 
@@ -166,14 +166,6 @@ def patched(skip: frozenset[str] = frozenset()) -> Iterator[None]:
         yield
 
 
-def start_checkpoint_queue() -> None:
-    """Create dist_checkpointing's result-queue Manager with fork, before any process group exists.
-
-    Megatron creates it lazily with the spawn context on the first save; spawn
-    re-imports ``__main__`` (submitit's runner, pytest, ...) in a fresh process,
-    which is slow at best and re-runs the job at worst.
-    """
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-
-    if filesystem_async._results_queue is None:
-        filesystem_async._results_queue = multiprocessing.get_context("fork").Manager().Queue()
+#: Kept for callers that start ranks themselves (tests, benchmarks); the entry point calls
+#: :func:`air_hpc.train.parallel.start_checkpoint_queue` on every device.
+start_checkpoint_queue = parallel.start_checkpoint_queue

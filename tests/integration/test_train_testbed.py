@@ -1,7 +1,9 @@
 """gpt-tiny across two emulated nodes of the Slurm testbed: sbatch, srun, ``python -m air_hpc.launch``.
 
-The rendered batch script runs the real trainer on 2 nodes x 2 tasks (TP2 x PP2, gloo
-over loopback); the run must finish on its own with a decreasing loss.
+Two runs of the rendered batch script with the real trainer, 2 nodes x 2 tasks each (TP2 x PP2,
+gloo over loopback), side by side: one uninterrupted; one sent USR2 through the batch shell
+midway, which must checkpoint, exit with the requeue code, be requeued by its batch script,
+resume and finish with the same losses bit for bit.
 """
 
 import time
@@ -11,7 +13,8 @@ from typing import Any
 import pytest
 
 from air_hpc.config import load_job
-from air_hpc.launch.submit import submit
+from air_hpc.launch.submit import Submission, submit
+from air_hpc.resilience.events import read_events
 from air_hpc.rundir import RunDir
 from air_hpc.train import data
 from air_hpc.train.metrics import read_metrics
@@ -19,39 +22,66 @@ from air_hpc.train.metrics import read_metrics
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS = 4
+STEPS = 5
 
 
-def test_gpt_tiny_trains_across_two_testbed_nodes(testbed: Any, tmp_path: Path) -> None:
-    corpus = tmp_path / "corpus.h5"
-    data.prepare(data.project_sources(), corpus, data.ByteTokenizer())
+def start(testbed: Any, tmp_path: Path, corpus: Path, name: str) -> Submission:
     job = load_job(
         REPO / "configs/jobs/gpt-tiny-testbed.yaml",
         [
             f"run.root={tmp_path}",
+            f"run.name={name}",
             f"data.path={corpus}",
             f"train.steps={STEPS}",
+            "checkpoint.interval_steps=100",
             f"cluster.topology_file={testbed.topology_conf}",
             "health.preflight=false",
         ],
     )
-    done = submit(job, "slurm", testbed.client)
-    run_dir = RunDir(done.run_dir)
-    deadline = time.monotonic() + 240
+    return submit(job, "slurm", testbed.client)
+
+
+def wait_done(testbed: Any, submission: Submission, timeout_s: float = 300) -> str:
+    deadline = time.monotonic() + timeout_s
     while True:
-        status = testbed.client.job_status(done.job_id)
+        status = testbed.client.job_status(submission.job_id)
         if status is not None and status.state.terminal:
-            break
-        assert time.monotonic() < deadline, f"job {done.job_id} still {status}"
+            return str(status.state)
+        assert time.monotonic() < deadline, f"job {submission.job_id} still {status}"
         time.sleep(1)
-    logs = "\n".join(p.read_text()[-2000:] for p in sorted(run_dir.logs.glob("*")))
-    assert str(status.state) == "COMPLETED", logs
-    records = read_metrics(run_dir.metrics)
-    assert [r["step"] for r in records] == list(range(1, STEPS + 1)), logs
-    assert records[-1]["loss"] < records[0]["loss"] - 0.2
+
+
+def all_logs(run_dir: RunDir) -> str:
+    return "\n".join(p.read_text()[-3000:] for p in sorted(run_dir.logs.glob("*")))
+
+
+def test_gpt_tiny_on_two_nodes_survives_a_preemption_bit_for_bit(testbed: Any, tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.h5"
+    data.prepare(data.project_sources(), corpus, data.ByteTokenizer())
+    reference = start(testbed, tmp_path, corpus, "reference")
+    preempted = start(testbed, tmp_path, corpus, "preempted")
+    run = RunDir(preempted.run_dir)
+    deadline = time.monotonic() + 240
+    while len(read_metrics(run.metrics)) < 2:
+        assert time.monotonic() < deadline, all_logs(run)
+        time.sleep(0.5)
+    testbed.client.scancel(preempted.job_id, signal="USR2", batch=True)
+
+    ref_run = RunDir(reference.run_dir)
+    assert wait_done(testbed, reference) == "COMPLETED", all_logs(ref_run)
+    assert wait_done(testbed, preempted) == "COMPLETED", all_logs(run)
+    losses = [r["loss"] for r in read_metrics(ref_run.metrics)]
+    assert [r["step"] for r in read_metrics(ref_run.metrics)] == list(range(1, STEPS + 1))
+    assert losses[-1] < losses[0] - 0.2
+    assert [r["loss"] for r in read_metrics(run.metrics)] == losses
+
+    events = read_events(run.events)
+    stop = next(e for e in events if e["kind"] == "stop")
+    resume = next(e for e in events if e["kind"] == "resume")
+    assert stop["reason"] == "signal" and resume["step"] == stop["step"] and resume["rng_restored"]
     hosts = set()
     for rank in range(4):
-        first = run_dir.rank_log(rank).read_text().splitlines()[0]
+        first = ref_run.rank_log(rank).read_text().splitlines()[0]
         assert f"rank={rank} " in first and f"rank {rank} of 4 on " in first, first
         hosts.add(first.split(" of 4 on ")[1].split()[0])
     assert len(hosts) == 2, hosts
