@@ -76,6 +76,8 @@ class SbatchSpec:
     container_image: str | None = None
     container_mounts: tuple[str, ...] = ()
     requeue_codes: tuple[int, ...] = field(default=tuple(sorted(int(c) for c in REQUEUE_WORTHY)))
+    hang_backstop_s: int | None = None
+    """The batch script stops the step as hung when no rank has beaten for this long (None: no check)."""
 
     @property
     def world_size(self) -> int:
@@ -117,6 +119,8 @@ class SbatchSpec:
             "bad_nodes_name": RunDir(self.run_dir).bad_nodes.name,
             "heartbeat_name": RunDir(self.run_dir).heartbeat.name,
             "exit_code_file": EXIT_CODE_FILE,
+            "exit_hung": int(ExitCode.HUNG),
+            "backstop_poll_s": max(1, min(60, (self.hang_backstop_s or 0) // 10)),
         }
 
 
@@ -215,7 +219,14 @@ def build_spec(
         request=request,
         container_image=container.image if container else None,
         container_mounts=mounts,
+        hang_backstop_s=hang_backstop_s(job),
     )
+
+
+def hang_backstop_s(job: JobConfig) -> int:
+    """Twice the longest phase limit: well past the moment every working watchdog has fired."""
+    h = job.health
+    return 2 * max(h.heartbeat_setup_s, h.heartbeat_step_s, h.heartbeat_checkpoint_s)
 
 
 def _check_request(job: JobConfig, request: NodeRequest) -> None:

@@ -34,9 +34,10 @@ TESTBED_JOB = REPO / "configs" / "jobs" / "gpt-tiny-testbed.yaml"
 IBSTAT = REPO / "tests" / "data" / "ibstat"
 STEP_LIMIT_S = 6
 
-#: argv: RUN_DIR. Pre-flight + heartbeat + watchdog through rank_guard, then steps of one gloo
+#: argv: RUN_DIR MODE. Pre-flight + heartbeat + watchdog through rank_guard, then steps of one gloo
 #: all-reduce each. Healthy ranks that cannot start (a bad node failed pre-flight) wait in the
-#: rendezvous until srun kills them, as real ones would.
+#: rendezvous until srun kills them, as real ones would. MODE freeze: on the first start every rank
+#: stops beating in step 2 (as if every process froze).
 PAYLOAD = """
 import os, sys, time
 from pathlib import Path
@@ -46,7 +47,7 @@ from air_hpc.health.guard import rank_guard
 from air_hpc.rundir import RunDir
 from air_hpc.train.metrics import setup_rank_logging
 
-run_dir = RunDir(Path(sys.argv[1]))
+run_dir, mode = RunDir(Path(sys.argv[1])), sys.argv[2]
 job = run_dir.read_job()
 rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
 host, restart = os.environ["SLURMD_NODENAME"], int(os.environ.get("SLURM_RESTART_COUNT", "0"))
@@ -59,6 +60,8 @@ try:
         tensor = torch.ones(2)
         for step in range(1, 6):
             heartbeat.beat("step", step)
+            if mode == "freeze" and step == 2 and restart == 0:
+                time.sleep(3600)
             dist.all_reduce(tensor)
         dist.destroy_process_group()
 except AirHpcError as exc:
@@ -96,11 +99,11 @@ def corpus(tmp_path: Path) -> Path:
     return data.prepare([text], tmp_path / "corpus.h5", data.ByteTokenizer()).path
 
 
-def run_payload(testbed: Any, tmp_path: Path, job: JobConfig) -> tuple[str, list[str]]:
+def run_payload(testbed: Any, tmp_path: Path, job: JobConfig, mode: str = "run") -> tuple[str, list[str]]:
     """Submit, wait for the end; returns the final state and the node list of each start."""
     payload = tmp_path / "payload.py"
     payload.write_text(PAYLOAD)
-    done = submit(job, "slurm", testbed.client, step_command=[sys.executable, str(payload), str(job.run.dir)])
+    done = submit(job, "slurm", testbed.client, step_command=[sys.executable, str(payload), str(job.run.dir), mode])
     deadline = time.monotonic() + 100
     status = testbed.client.job_status(done.job_id)
     while status is None or not status.state.terminal:
@@ -144,6 +147,19 @@ def test_unhealthy_node_is_recorded_and_excluded_on_requeue(testbed: Any, tmp_pa
     # Later runs of the same config leave it out too.
     later = plan(job).request
     assert later.exclude == bad and bad not in hostlist.expand_hostlist(later.nodelist)
+
+
+def test_batch_script_stops_a_step_whose_ranks_all_froze(testbed: Any, tmp_path: Path, corpus: Path) -> None:
+    limits = ("health.heartbeat_setup_s=3", "health.heartbeat_step_s=2", "health.heartbeat_checkpoint_s=3")
+    job = make_job(testbed, tmp_path, "frozen", "health.watchdog=false", *limits)
+    state, starts = run_payload(testbed, tmp_path, job, "freeze")
+    run_dir = RunDir.of(job)
+    assert state == str(JobState.COMPLETED) and len(starts) == 2, starts
+    batch_err = "".join(p.read_text() for p in run_dir.logs.glob("slurm-*.err"))
+    assert "no rank made progress for 6 s; stopping the step as hung" in batch_err
+    assert "the ranks' verdict is 86" in batch_err and "requeue 1 of 2" in batch_err
+    # Nobody could say which node froze: none is blamed.
+    assert read_bad_nodes(run_dir.bad_nodes) == ()
 
 
 #: Injected through PYTHONPATH into the real trainer: on the first start, rank 3 sleeps forever in
