@@ -170,8 +170,8 @@ def read_stall_reports(directory: Path) -> dict[int, StallReport]:
     return reports
 
 
-def _kill_children() -> None:
-    """Kill this rank's child processes (checkpoint writers, queue managers): ``os._exit`` skips their
+def kill_children() -> None:
+    """Kill this process's children (checkpoint writers, queue managers): ``os._exit`` skips their
     shutdown, and orphans left behind keep the Slurm step, and so the job, alive."""
     try:
         children = psutil.Process().children(recursive=True)
@@ -181,6 +181,12 @@ def _kill_children() -> None:
         with contextlib.suppress(psutil.Error):
             child.kill()
     psutil.wait_procs(children, timeout=5)
+
+
+def exit_hung(code: int) -> None:
+    """End a hung rank now: its children, then itself, skipping shutdown that would wait on the hang."""
+    kill_children()
+    os._exit(code)
 
 
 class Watchdog:
@@ -197,7 +203,7 @@ class Watchdog:
         events: EventLog | None,
         poll_s: float | None = None,
         grace_s: float | None = None,
-        exit_process: Callable[[int], Any] = os._exit,
+        exit_process: Callable[[int], Any] = exit_hung,
     ) -> None:
         self.heartbeat = heartbeat
         self.limits = limits
@@ -250,7 +256,6 @@ class Watchdog:
         finally:
             for handler in logging.getLogger().handlers:
                 handler.flush()
-            _kill_children()
             self._exit_process(int(ExitCode.HUNG))
 
     def _diagnose_and_record(self, beat: Beat) -> None:

@@ -1,9 +1,11 @@
 import json
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from air_hpc.config.models import HealthConfig
@@ -192,3 +194,18 @@ def test_a_rank_making_progress_is_left_alone(tmp_path: Path) -> None:
         time.sleep(0.5)
     assert exited == []
     assert not (tmp_path / "bad_nodes.txt").exists()
+
+
+def test_exit_hung_takes_the_children_along(tmp_path: Path) -> None:
+    """In a process of its own: orphaned children would keep a Slurm step alive."""
+    script = (
+        "import subprocess, sys\n"
+        "from air_hpc.health.watchdog import exit_hung\n"
+        "child = subprocess.Popen(['sleep', '60'])\n"
+        "print(child.pid, flush=True)\n"
+        "exit_hung(86)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    assert done.returncode == ExitCode.HUNG, done.stderr
+    child = int(done.stdout.split()[0])
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
