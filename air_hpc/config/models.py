@@ -315,4 +315,12 @@ def _cross_field_problems(job: JobConfig) -> list[tuple[str, str]]:
                 f"{job.resilience.signal_lead_s} s is not shorter than the time limit ({r.time_limit_min} min)",
             )
         )
+    if job.health.watchdog and job.health.heartbeat_step_s >= t.dist_timeout_s:
+        problems.append(
+            (
+                "health.heartbeat_step_s",
+                f"{job.health.heartbeat_step_s} s is not shorter than train.dist_timeout_s = {t.dist_timeout_s}: "
+                "a hung collective would fail the job before the watchdog could requeue it",
+            )
+        )
     return problems

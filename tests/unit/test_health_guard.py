@@ -60,3 +60,12 @@ def test_old_generations_are_pruned(tmp_path: Path) -> None:
     prune_generations(run_dir, keep="9-0")
     kept = sorted(p.name for p in run_dir.heartbeat.iterdir())
     assert kept == ["9-0", "9-4", "9-5"] and len(kept) == KEEP_GENERATIONS
+
+
+def test_step_limit_must_be_shorter_than_the_collective_timeout() -> None:
+    from air_hpc.errors import ConfigError
+
+    job_file = REPO / "configs" / "jobs" / "gpt-tiny-local.yaml"
+    with pytest.raises(ConfigError, match=r"health\.heartbeat_step_s: 600 s is not shorter than train\.dist_timeout_s"):
+        load_job(job_file, ["health.heartbeat_step_s=600"])
+    assert load_job(job_file, ["health.heartbeat_step_s=600", "health.watchdog=false"]).health.heartbeat_step_s == 600
