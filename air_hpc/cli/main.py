@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "logs": "air_hpc.cli.job_cmds:logs",
     "cancel": "air_hpc.cli.job_cmds:cancel",
     "testbed": "air_hpc.cli.testbed_cmd:testbed",
+    "demo": "air_hpc.cli.demo_cmd:demo",
     "data": "air_hpc.cli.data_cmd:data",
     "ckpt": "air_hpc.cli.ckpt_cmd:ckpt",
     "plot": "air_hpc.cli.observe_cmds:plot",
