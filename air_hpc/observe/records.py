@@ -109,10 +109,14 @@ def parse_events(rows: list[dict[str, Any]]) -> tuple[Event, ...]:
 
 
 def start_times(events: tuple[Event, ...], submissions: list[dict[str, Any]]) -> tuple[float, ...]:
-    """Starts from the ranks' ``start`` events; else the batch script's ``started`` lines."""
-    starts = [e.time_s for e in events if e.kind == START_KIND]
+    """Starts from the batch script's ``started`` lines (they include start-up); else the ranks' ``start`` events.
+
+    Only our batch script writes ``started``; under submitit and the local
+    executor the ranks' events are all there is.
+    """
+    starts = [t for row in submissions if row.get("event") == "started" and (t := _float(row.get("time")))]
     if not starts:
-        starts = [t for row in submissions if row.get("event") == "started" and (t := _float(row.get("time")))]
+        starts = [e.time_s for e in events if e.kind == START_KIND]
     return tuple(sorted(starts))
 
 

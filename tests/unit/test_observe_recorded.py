@@ -1,0 +1,40 @@
+"""Report and plot of a real run, recorded: gpt-tiny TP2xPP2 on two testbed nodes, preempted with USR2
+through its batch script at step 16 (saved there), requeued, resumed from 16 and finished at 30."""
+
+from pathlib import Path
+
+import pytest
+
+from air_hpc.observe.plot import plot_run
+from air_hpc.observe.progress import run_progress
+from air_hpc.observe.records import load_records
+from air_hpc.observe.report import build_report
+from air_hpc.rundir import RunDir
+
+RECORDED = RunDir(Path(__file__).parent.parent / "data" / "observe" / "preempted")
+
+
+def test_recorded_preemption_report() -> None:
+    records = load_records(RECORDED)
+    assert records.starts_s == (1796219778.0, 1796219810.0)  # the batch script's starts, start-up included
+    report = build_report(records)
+    assert report is not None
+    assert (report.steps_done, report.total_steps, report.checkpoints) == (30, 30, 7)
+    assert report.wall_s == pytest.approx(49.94, abs=0.01)
+    assert report.goodput == pytest.approx(report.productive_s / report.wall_s)
+    assert 0.13 < (report.goodput or 0) < 0.15
+    (restart,) = report.restarts
+    # Saved at the stop: nothing to train again; the time went to the save, the requeue and start-up.
+    assert (restart.cause, restart.lost_steps) == ("preemption", 0)
+    assert restart.interrupted_s == pytest.approx(1796219794.136, abs=1e-3)
+    assert restart.latency_s == pytest.approx(29.76, abs=0.01)
+    progress = run_progress(records, now_s=report.last_activity_s)
+    assert progress is not None and (progress.step, progress.restarts, progress.last_checkpoint_step) == (30, 1, 30)
+
+
+def test_recorded_preemption_plot(tmp_path: Path) -> None:
+    records = load_records(RECORDED)
+    report = build_report(records)
+    assert report is not None
+    png = plot_run(records, report, tmp_path / "preempted.png", "preempted")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 30_000
