@@ -62,7 +62,7 @@ def transformer_config(job: JobConfig) -> Any:
         apply_rope_fusion=False,
         # gloo pairs sends and receives to one peer by posting order, unlike NCCL's grouped calls:
         # batched, the interleaved schedule at pp=2 (prev == next) crosses activations and gradients.
-        batch_p2p_comm=not on_cpu,
+        batch_p2p_comm=not (on_cpu and p.vpp),
     )
 
 
