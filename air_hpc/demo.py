@@ -1,65 +1,121 @@
-"""The README's first command: bring up the testbed and run a job across emulated nodes."""
+"""The README's first command, end to end on the embedded testbed.
+
+Bring up the testbed, build the corpus, pick nodes from the testbed's own
+topology, render and submit gpt-tiny TP2xPP2 across two emulated nodes through
+our batch script, preempt it once with a real Slurm signal, watch it requeue
+and resume, wait for the end, then print the report and write the plot.
+"""
 
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+from air_hpc.config import load_job
 from air_hpc.errors import AirHpcError
+from air_hpc.launch import submit as submitting
+from air_hpc.launch.runs import read_jsonl
+from air_hpc.rundir import RunDir
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.testbed import Testbed
 
 log = logging.getLogger(__name__)
 
-FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"})
+REPO = Path(__file__).resolve().parents[1]
+DEMO_JOB = REPO / "configs" / "jobs" / "gpt-tiny-testbed.yaml"
 
 
-def wait_for_job(client: SlurmClient, job_id: str, timeout_s: float, poll_s: float = 1.0) -> str:
-    """Poll accounting until the job ends; sacct lags the controller by about a second."""
+@dataclass(frozen=True)
+class DemoResult:
+    job_id: str
+    state: str
+    run_dir: Path
+    plot: Path
+
+
+def ensure_corpus(path: Path, echo: Callable[[str], None]) -> None:
+    """Build the demo corpus from the project's own text once; the same tree gives the same file."""
+    if path.exists():
+        return
+    from air_hpc.train import data
+
+    info = data.prepare(data.project_sources(), path, data.ByteTokenizer())
+    echo(f"corpus: {path} ({info.tokens} tokens, {info.documents} documents)")
+
+
+def wait_for_step(run_dir: RunDir, step: int, client: SlurmClient, job_id: str, timeout_s: float) -> int:
+    """Block until metrics.jsonl reports ``step`` (or later); fail if the job ends first."""
     deadline = time.monotonic() + timeout_s
-    state = "PENDING"
     while time.monotonic() < deadline:
-        out = client.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], check=False).stdout.split()
-        state = out[-1] if out else state
-        if state in FINAL_STATES:
-            return state
-        time.sleep(poll_s)
-    raise AirHpcError(f"job {job_id} did not finish within {timeout_s:.0f} s (last state {state})")
+        rows = read_jsonl(run_dir.metrics) if run_dir.metrics.exists() else []
+        if rows and int(rows[-1]["step"]) >= step:
+            return int(rows[-1]["step"])
+        status = client.job_status(job_id)
+        if status is not None and status.state.terminal:
+            raise AirHpcError(f"job {job_id} ended {status.state} before step {step}; see {run_dir.logs}")
+        time.sleep(0.5)
+    raise AirHpcError(f"job {job_id} did not reach step {step} within {timeout_s:.0f} s; see {run_dir.logs}")
 
 
-def hello_nodes(state_dir: Path | None, out_dir: Path, echo: Callable[[str], None]) -> str:
-    """Submit a 2-node job whose every task prints its hostname and topology address."""
+def run_demo(
+    state_dir: Path | None, run_root: Path, echo: Callable[[str], None], preempt_at_step: int = 8
+) -> DemoResult:
     bed = Testbed(state_dir)
-    bed.up()
-    echo(f"testbed up: {bed.layout.root} (export SLURM_CONF={bed.layout.slurm_conf})")
+    status = bed.up()
+    echo(f"testbed up: {len(status['nodes'])} nodes on leaves {status['leaves']} ({bed.layout.root})")
+    echo(f"  use it from a shell: export SLURM_CONF={bed.layout.slurm_conf}")
     client = bed.client()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    output = out_dir / "hello-%j.out"
-    command = "srun bash -c 'echo \"$(hostname) topology=$SLURM_TOPOLOGY_ADDR rank=$SLURM_PROCID\"'"
-    job_id = (
-        client.run(
-            [
-                "sbatch",
-                "--parsable",
-                "-N2",
-                "--ntasks-per-node=1",
-                "-J",
-                "air-hpc-hello",
-                "-o",
-                str(output),
-                "--wrap",
-                command,
-            ],
-            retry=False,
-        )
-        .stdout.strip()
-        .split(";")[0]
+
+    corpus = run_root / "data" / "corpus.h5"
+    ensure_corpus(corpus, echo)
+    name = time.strftime("gpt-tiny-demo-%Y%m%d-%H%M%S")
+    job = load_job(
+        DEMO_JOB,
+        [
+            f"run.name={name}",
+            f"run.root={run_root}",
+            f"data.path={corpus}",
+            f"cluster.topology_file={bed.layout.topology_conf}",
+        ],
     )
-    echo(f"submitted job {job_id} on 2 nodes")
-    state = wait_for_job(client, job_id, timeout_s=120)
-    echo(f"job {job_id}: {state}")
-    text = Path(str(output).replace("%j", job_id)).read_text()
-    for line in sorted(text.splitlines()):
-        echo(f"  {line}")
-    echo(f"the testbed stays up for you to explore; stop it with: air-hpc testbed down --state-dir {bed.layout.root}")
-    return state
+    submission = submitting.submit(job, "slurm", client)
+    for note in submission.plan.notes:
+        echo(f"placement: {note}")
+    run_dir = RunDir(submission.run_dir)
+    echo(
+        f"submitted job {submission.job_id}: gpt-tiny TP{job.layout.tp}xPP{job.layout.pp}xDP{job.layout.dp} "
+        f"on {job.resources.nodes} nodes; script {run_dir.sbatch}"
+    )
+
+    reached = wait_for_step(run_dir, preempt_at_step, client, submission.job_id, timeout_s=300)
+    client.run(["scancel", f"--signal={job.resilience.signal}", "--batch", submission.job_id], retry=False)
+    echo(f"preempting at step {reached}: scancel --signal={job.resilience.signal} --batch {submission.job_id}")
+
+    def show(change: object) -> None:
+        echo(
+            f"  job {submission.job_id}: {getattr(change, 'state', change)}, "
+            f"restarts {getattr(change, 'restarts', '?')}"
+        )
+
+    final = submitting.wait_slurm(client, submission.job_id, poll_s=1.0, on_change=show)
+    for event in read_jsonl(run_dir.events) if run_dir.events.exists() else []:
+        if event.get("kind") in {"stop", "checkpoint_saved", "resume"}:
+            details = ", ".join(f"{k}={event[k]}" for k in ("step", "reason", "seconds") if k in event)
+            echo(f"  {event['kind']}: {details}")
+    if final.state.value != "COMPLETED":
+        raise AirHpcError(submitting.describe_failure(final) + f"; see {run_dir.logs}")
+
+    from air_hpc.observe.plot import plot_run
+    from air_hpc.observe.records import load_records
+    from air_hpc.observe.report import build_report, format_report
+
+    records = load_records(run_dir)
+    report = build_report(records)
+    if report is None:
+        raise AirHpcError(f"{run_dir.metrics}: the run wrote no steps")
+    echo(format_report(report))
+    plot = plot_run(records, report, run_dir.path / "run.png", name)
+    echo(f"plot: {plot}")
+    echo(f"the testbed stays up; stop it with: air-hpc testbed down --state-dir {bed.layout.root}")
+    return DemoResult(submission.job_id, final.state.value, run_dir.path, plot)

@@ -4,8 +4,6 @@ from pathlib import Path
 
 import click
 
-from air_hpc.errors import AirHpcError
-
 
 @click.command()
 @click.option(
@@ -15,17 +13,16 @@ from air_hpc.errors import AirHpcError
     help="Testbed state directory [default: the user's state dir].",
 )
 @click.option(
-    "--out",
-    "out_dir",
+    "--runs",
+    "run_root",
     type=click.Path(file_okay=False, path_type=Path),
-    default=Path("runs/demo"),
+    default=Path("runs"),
     show_default=True,
-    help="Where the demo writes its outputs.",
+    help="Where the demo's run directory and corpus go.",
 )
-def demo(state_dir: Path | None, out_dir: Path) -> None:
-    """Bring up the testbed and run a job across two emulated nodes."""
-    from air_hpc.demo import hello_nodes
+@click.option("--preempt-at-step", default=8, show_default=True, help="Send the preemption signal at this step.")
+def demo(state_dir: Path | None, run_root: Path, preempt_at_step: int) -> None:
+    """Train gpt-tiny across two emulated nodes, preempt it once, watch it resume, report and plot."""
+    from air_hpc.demo import run_demo
 
-    state = hello_nodes(state_dir, out_dir.resolve(), click.echo)
-    if state != "COMPLETED":
-        raise AirHpcError(f"demo job ended {state}")
+    run_demo(state_dir, run_root.resolve(), click.echo, preempt_at_step)
