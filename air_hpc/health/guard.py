@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from air_hpc.config.models import JobConfig
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.heartbeat import Heartbeat, generation, generation_dir, write_exit_code
-from air_hpc.health.preflight import enforce, run_preflight
+from air_hpc.health.preflight import PEER_WAIT_S, enforce, run_preflight
 from air_hpc.health.watchdog import PhaseLimits, Watchdog
 from air_hpc.resilience.events import EventLog
 from air_hpc.rundir import RunDir
@@ -28,9 +28,15 @@ KEEP_GENERATIONS = 3
 
 @contextmanager
 def rank_guard(
-    job: JobConfig, run_dir: RunDir, rank: int, world_size: int, host: str, environ: Mapping[str, str]
+    job: JobConfig,
+    run_dir: RunDir,
+    rank: int,
+    world_size: int,
+    host: str,
+    environ: Mapping[str, str],
+    peer_wait_s: float = PEER_WAIT_S,
 ) -> Iterator[Heartbeat]:
-    """Check this node, then watch this rank until the block ends."""
+    """Check this node, then watch this rank until the block ends (``peer_wait_s``: see ``preflight.enforce``)."""
     name = generation(environ)
     directory = generation_dir(run_dir, name)
     events = EventLog(run_dir.events)
@@ -38,7 +44,7 @@ def rank_guard(
         events.emit("start", generation=name, world_size=world_size, host=host)
         prune_generations(run_dir, keep=name)
     if job.health.preflight:
-        enforce(run_preflight(job, host), run_dir, directory, rank)
+        enforce(run_preflight(job, host), run_dir, directory, rank, peer_wait_s)
     heartbeat = Heartbeat(directory, rank, host)
     watchdog = None
     if job.health.watchdog:

@@ -9,11 +9,13 @@ and raises :class:`UnhealthyNodeError` (exit code ``UNHEALTHY``), which the
 batch script treats as "requeue without this node".
 """
 
+import json
 import logging
 import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,12 +36,20 @@ log = logging.getLogger(__name__)
 #: A GPU counts as having its nominal memory when it reports at least this share of it (decimal GB).
 GPU_MEMORY_TOLERANCE = 0.95
 IBSTAT_TIMEOUT_S = 30
+#: Checks of storage that every node shares (by their CheckResult names).
+SHARED_CHECKS = frozenset({"checkpoint dir", "data"})
+#: How long a node that failed a shared check waits to hear that another node passed it.
+PEER_WAIT_S = 20.0
 
 
 class UnhealthyNodeError(AirHpcError):
     """This node failed the pre-flight check; it is on the bad-node list and the job should requeue without it."""
 
     exit_code = ExitCode.UNHEALTHY
+
+
+class SharedStorageError(AirHpcError):
+    """The checkpoint directory or the data failed on every node that checked: not a node's fault."""
 
 
 @dataclass(frozen=True)
@@ -177,13 +187,61 @@ def run_preflight(
     return PreflightReport(host, tuple(checks))
 
 
-def enforce(report: PreflightReport, run_dir: RunDir, generation_dir: Path, rank: int) -> None:
-    """Record a failed report (bad node, event, verdict) and raise; a passing one is only logged."""
+def publish(report: PreflightReport, generation_dir: Path) -> None:
+    """Share which checks failed on this node, so failing nodes can tell a bad node from bad storage."""
+    generation_dir.mkdir(parents=True, exist_ok=True)
+    path = generation_dir / f"preflight-{report.host}.json"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"host": report.host, "failed": sorted(c.name for c in report.failures)}))
+    os.replace(tmp, path)
+
+
+def read_published(generation_dir: Path) -> dict[str, frozenset[str]]:
+    """Host -> names of the checks that failed there, for every node that has published."""
+    published = {}
+    for path in generation_dir.glob("preflight-*.json"):
+        try:
+            raw = json.loads(path.read_text())
+            published[str(raw["host"])] = frozenset(str(name) for name in raw["failed"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return published
+
+
+def blames_node(report: PreflightReport, published: dict[str, frozenset[str]]) -> bool:
+    """Whether the failure is this node's: a node-local check failed, or another node passed the shared ones."""
+    failed = {c.name for c in report.failures}
+    if failed - SHARED_CHECKS:
+        return True
+    return any(host != report.host and not (names & failed) for host, names in published.items())
+
+
+def enforce(
+    report: PreflightReport, run_dir: RunDir, generation_dir: Path, rank: int, peer_wait_s: float = PEER_WAIT_S
+) -> None:
+    """Publish the report; on failure decide whose fault it is, record it and raise.
+
+    A node-local failure (GPUs, InfiniBand) blames this node at once. A failed
+    shared-storage check (checkpoint directory, data) blames it only when
+    another node passes that check within ``peer_wait_s``; otherwise the
+    storage is broken for everyone: blaming nodes would exclude them all, and a
+    requeue would not help, so it is an ordinary failure naming the path.
+    """
+    publish(report, generation_dir)
     if report.ok:
         log.info("%s", report.summary())
         return
     message = report.summary()
     log.error("%s", message)
+    deadline = time.monotonic() + peer_wait_s
+    while not blames_node(report, read_published(generation_dir)):
+        if time.monotonic() >= deadline:
+            write_exit_code(generation_dir, ExitCode.FAILURE)
+            raise SharedStorageError(
+                f"{message}; no other node passed these checks within {peer_wait_s:g} s, so the shared storage "
+                "is at fault, not this node: fix it and resubmit"
+            )
+        time.sleep(0.2)
     added = append_bad_nodes(run_dir.bad_nodes, [report.host], f"unhealthy: {message}")
     if added:
         EventLog(run_dir.events).emit(

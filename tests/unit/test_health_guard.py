@@ -8,7 +8,7 @@ from air_hpc.config import load_job
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.guard import KEEP_GENERATIONS, prune_generations, rank_guard, record_verdict
 from air_hpc.health.heartbeat import read_beats, read_exit_code
-from air_hpc.health.preflight import UnhealthyNodeError
+from air_hpc.health.preflight import SharedStorageError, UnhealthyNodeError
 from air_hpc.resilience.events import read_events
 from air_hpc.rundir import RunDir
 from air_hpc.train import data
@@ -37,14 +37,32 @@ def test_guard_checks_beats_and_finishes_done(tmp_path: Path, corpus: Path) -> N
     assert read_exit_code(run_dir.heartbeat / "9-1") == ExitCode.REQUEUE
 
 
-def test_guard_refuses_a_node_with_unreadable_data(tmp_path: Path) -> None:
+def test_unreadable_data_everywhere_blames_no_node(tmp_path: Path) -> None:
     broken = tmp_path / "broken.h5"
     broken.write_bytes(b"not hdf5")
     job = load_job(REPO / "configs" / "jobs" / "gpt-tiny-local.yaml", [f"run.root={tmp_path}", f"data.path={broken}"])
     run_dir = RunDir.of(job)
     with (
+        pytest.raises(SharedStorageError, match=r"node n2 failed pre-flight: data: .*the shared storage is at fault"),
+        rank_guard(job, run_dir, 1, 4, "n2", ENV, peer_wait_s=0.3),
+    ):
+        pytest.fail("training must not start")
+    assert not run_dir.bad_nodes.exists()
+    assert read_exit_code(run_dir.heartbeat / "9-1") == ExitCode.FAILURE
+
+
+def test_unreadable_data_on_one_node_blames_it(tmp_path: Path, corpus: Path) -> None:
+    broken = tmp_path / "broken.h5"
+    broken.write_bytes(b"not hdf5")
+    good = load_job(REPO / "configs" / "jobs" / "gpt-tiny-local.yaml", [f"run.root={tmp_path}", f"data.path={corpus}"])
+    run_dir = RunDir.of(good)
+    with rank_guard(good, run_dir, 0, 4, "n1", ENV):
+        pass
+    # Same run, but this node sees a stale mount (here: another file) while n1 read it fine.
+    stale = good.model_copy(update={"data": good.data.model_copy(update={"path": broken})})
+    with (
         pytest.raises(UnhealthyNodeError, match="node n2 failed pre-flight: data: "),
-        rank_guard(job, run_dir, 1, 4, "n2", ENV),
+        rank_guard(stale, run_dir, 2, 4, "n2", ENV, peer_wait_s=5),
     ):
         pytest.fail("training must not start on an unhealthy node")
     assert run_dir.bad_nodes.read_text().startswith("n2  # unhealthy: node n2 failed pre-flight: data:")
