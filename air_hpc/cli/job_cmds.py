@@ -196,23 +196,25 @@ def status(target: str | None, as_json: bool) -> None:
             )
         return
     result = run_status(resolve_run(target), client)
+    progress = _run_progress(result.run_dir)
     if as_json:
-        _echo_json(result.to_json())
+        _echo_json({**result.to_json(), "run_progress": progress.to_json() if progress else None})
     else:
         click.echo(_summary(result))
-        _show_progress(result.run_dir)
+        if progress is not None:
+            from rich.console import Console
+
+            from air_hpc.observe.progress import progress_view
+
+            Console().print(progress_view(progress))
 
 
-def _show_progress(run_dir: Any) -> None:
-    """The progress bar (step / total, tokens/s, ETA, restarts, last checkpoint) from the run's files."""
-    from rich.console import Console
-
-    from air_hpc.observe.progress import progress_view, run_progress
+def _run_progress(run_dir: Any) -> Any:
+    """Step / total, tokens/s, ETA, restarts and the last checkpoint, from the run's files (None before step 1)."""
+    from air_hpc.observe.progress import run_progress
     from air_hpc.observe.records import load_records
 
-    progress = run_progress(load_records(run_dir), time.time())
-    if progress is not None:
-        Console().print(progress_view(progress))
+    return run_progress(load_records(run_dir), time.time())
 
 
 @click.command()

@@ -156,3 +156,20 @@ def test_plot_wants_a_png_and_a_started_run(tmp_path: Path) -> None:
     empty.write_job(load_job(REPO / "configs" / "jobs" / "gpt-tiny-local.yaml"))
     result = runner.invoke(cli, ["report", str(empty.path)])
     assert isinstance(result.exception, UserError) and "has not started yet" in str(result.exception)
+
+
+def test_status_shows_the_progress_bar_and_its_numbers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from air_hpc.launch.runs import record_submission
+    from air_hpc.slurm.fake import FakeSlurm
+
+    run_dir = preempted_run(tmp_path)
+    fake = FakeSlurm()
+    job_id = fake.sbatch(run_dir.job_json)
+    record_submission(run_dir, job_id, "slurm")
+    fake.start(job_id, "n[1-2]")
+    cli.main(args=["status", str(run_dir.path), "--json"], standalone_mode=False, obj={"slurm_client": fake})
+    shown = json.loads(capsys.readouterr().out)["run_progress"]
+    assert (shown["step"], shown["total_steps"], shown["restarts"], shown["last_checkpoint_step"]) == (10, 20, 1, 10)
+    cli.main(args=["status", str(run_dir.path)], standalone_mode=False, obj={"slurm_client": fake})
+    text = capsys.readouterr().out
+    assert "RUNNING" in text and " 50%" in text and "━" in text and "ETA 0:10, restarts 1" in text
