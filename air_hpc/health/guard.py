@@ -45,12 +45,13 @@ def rank_guard(
         prune_generations(run_dir, keep=name)
     if job.health.preflight:
         enforce(run_preflight(job, host), run_dir, directory, rank, peer_wait_s)
-    heartbeat = Heartbeat(directory, rank, host)
+    limits = PhaseLimits.from_config(job.health)
+    heartbeat = Heartbeat(directory, rank, host, file_interval_s=heartbeat_file_interval_s(limits))
     watchdog = None
     if job.health.watchdog:
         watchdog = Watchdog(
             heartbeat,
-            PhaseLimits.from_config(job.health),
+            limits,
             world_size=world_size,
             log_path=run_dir.rank_log(rank),
             bad_nodes_path=run_dir.bad_nodes,
@@ -62,6 +63,11 @@ def rank_guard(
     finally:
         if watchdog is not None:
             watchdog.stop()
+
+
+def heartbeat_file_interval_s(limits: PhaseLimits) -> float:
+    """A quarter of the shortest limit, at most 30 s: files fresh enough for the batch script's backstop."""
+    return min(30.0, limits.shortest_s / 4)
 
 
 def record_verdict(run_dir: RunDir, environ: Mapping[str, str], code: ExitCode) -> None:

@@ -17,6 +17,7 @@ ranks agreed on from ``<generation>/exit_code``.
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -68,32 +69,54 @@ def beat_path(directory: Path, rank: int) -> Path:
 
 
 class Heartbeat:
-    """This rank's heartbeat: the last beat in memory (for the watchdog) and in its file (for everyone else)."""
+    """This rank's heartbeat: the last beat in memory (for the watchdog) and in its file (for everyone else).
 
-    def __init__(self, directory: Path, rank: int, host: str, clock: Callable[[], float] = time.time) -> None:
+    ``file_interval_s`` throttles the file: rewritten on a phase change or when
+    the file is that old, so thousands of ranks stepping every second do not
+    flood a shared filesystem's metadata server. The in-memory beat, which the
+    watchdog reads, is always current; :meth:`flush` writes it out.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        rank: int,
+        host: str,
+        clock: Callable[[], float] = time.time,
+        file_interval_s: float = 0.0,
+    ) -> None:
         self.directory = directory
         self.rank = rank
         self.host = host
         self._clock = clock
+        self._file_interval_s = file_interval_s
+        self._file_lock = threading.Lock()  # the watchdog thread flushes too
         self._path = beat_path(directory, rank)
         self._tmp = self._path.with_name(f".{self._path.name}.tmp")
         directory.mkdir(parents=True, exist_ok=True)
         self.last = Beat(rank, host, os.getpid(), "setup", 0, clock())
+        self._written = self.last
         self._write(self.last)
 
     def beat(self, phase: Phase, step: int | None = None) -> None:
         """Record progress: entering ``phase`` (or making progress in it) at ``step`` (unchanged when None)."""
         if phase not in PHASES:
             raise ValueError(f"heartbeat phase {phase!r} is not one of {', '.join(PHASES)}")
-        self.last = Beat(
-            self.rank, self.host, self.last.pid, phase, self.last.step if step is None else step, self._clock()
-        )
+        beat = Beat(self.rank, self.host, self.last.pid, phase, self.last.step if step is None else step, self._clock())
+        self.last = beat
+        if beat.phase != self._written.phase or beat.time_s - self._written.time_s >= self._file_interval_s:
+            self._write(beat)
+
+    def flush(self) -> None:
+        """Write the last beat to the file now (before a diagnosis reads everyone's files)."""
         self._write(self.last)
 
     def _write(self, beat: Beat) -> None:
+        self._written = beat
         try:
-            self._tmp.write_text(beat.to_json())
-            os.replace(self._tmp, self._path)
+            with self._file_lock:
+                self._tmp.write_text(beat.to_json())
+                os.replace(self._tmp, self._path)
         except OSError as exc:
             # A full or flaky filesystem must not stop training; the in-memory beat still guards the rank.
             log.warning("heartbeat %s not written: %s", self._path, exc)

@@ -273,6 +273,7 @@ class Watchdog:
             " (waiting for other ranks)" if waiting else "",
         )
         self._dump_stacks()
+        self.heartbeat.flush()
         directory = self.heartbeat.directory
         report = StallReport(beat.rank, beat.host, beat.phase, beat.step, round(silent_s, 3), waiting, where)
         tmp = directory / f".stall-{beat.rank:05d}.tmp"

@@ -63,6 +63,27 @@ def test_beats_are_written_and_read_back(tmp_path: Path) -> None:
         hb.beat("nap")  # type: ignore[arg-type]
 
 
+def test_beat_files_are_throttled_but_phase_changes_always_written(tmp_path: Path) -> None:
+    times = iter([0.0, 1.0, 2.0, 5.0, 11.5, 12.0]).__next__
+    hb = Heartbeat(tmp_path, rank=0, host="n1", clock=times, file_interval_s=10)
+
+    def on_file() -> tuple[str, int]:
+        beat = read_beats(tmp_path)[0]
+        return beat.phase, beat.step
+
+    hb.beat("step", 1)
+    assert on_file() == ("step", 1)
+    hb.beat("step", 2)
+    hb.beat("step", 3)
+    assert on_file() == ("step", 1) and hb.last.step == 3
+    hb.beat("step", 4)
+    assert on_file() == ("step", 4)
+    hb.beat("checkpoint")
+    assert on_file() == ("checkpoint", 4)
+    hb.flush()
+    assert read_beats(tmp_path)[0] == hb.last
+
+
 def test_unreadable_beat_files_are_skipped(tmp_path: Path) -> None:
     (tmp_path / "rank-00000.json").write_text("{not json")
     (tmp_path / "rank-00001.json").write_text(json.dumps({**beat(1).__dict__, "phase": "nap"}))
