@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,8 @@ class _Pending:
     stall_s: float
     reason: str
     phases: dict[str, float]
+    conn: Connection | None = None
+    error: str | None = None
 
     def lap(self, phase: str, since: float) -> float:
         now = time.perf_counter()
@@ -50,18 +53,39 @@ class _Pending:
         return now
 
 
-def _write_and_hash(request: Any, staging: Path, rank: int, stage_to_host: bool, background: bool) -> float:
-    """Write this rank's shards and record their sha256; returns the seconds spent hashing.
+def _write_and_hash(request: Any, staging: Path, rank: int, stage_to_host: bool, results: Any) -> float:
+    """Write this rank's shards (write results go to ``results.put``) and record their sha256.
 
-    Runs in the training process (sync) or in a forked writer (async), which lowers its CPU
-    priority so that on a busy node the training ranks keep their cores.
+    Returns the seconds spent hashing.
     """
-    if background:
-        os.nice(_WRITER_NICENESS)
-    state.run_request(request, stage_to_host=stage_to_host)
+    state.run_request(request, stage_to_host=stage_to_host, results=results)
     started = time.perf_counter()
     record_hashes(staging, f"rank{rank}", state.shard_files(request))
     return time.perf_counter() - started
+
+
+class _Collect:
+    """Stands in for Megatron's results queue inside the forked writer: keeps the one result."""
+
+    def __init__(self) -> None:
+        self.item: Any = None
+
+    def put(self, item: Any) -> None:
+        self.item = item
+
+
+def _background_writer(request: Any, staging: Path, rank: int, conn: Connection) -> None:
+    """The forked writer of an async save: write, hash, send the write results to the rank, exit.
+
+    Runs at a lower CPU priority so that on a busy node the training ranks keep their cores.
+    It inherits the rank's signal handlers, which only set a flag: a preemption signal sent to
+    every process of the job step does not kill a write in progress.
+    """
+    os.nice(_WRITER_NICENESS)
+    collected = _Collect()
+    _write_and_hash(request, staging, rank, False, collected)
+    conn.send(collected.item)
+    conn.close()
 
 
 #: How much lower the background writer's CPU priority is than the training process's.
@@ -91,6 +115,7 @@ class Checkpointer:
         self.rank = dist.get_rank()
         self.async_save = async_save and async_blocker is None
         self._pending: _Pending | None = None
+        self._results = state.results_queue()
         self._commit: threading.Thread | None = None
         self._commit_error: BaseException | None = None
         if async_save and async_blocker is not None:
@@ -115,6 +140,7 @@ class Checkpointer:
 
         self.wait()
         started = time.perf_counter()
+        state.drain(self._results)
         pending = _Pending(step, None, None, started, 0.0, reason, {})
         if self.rank == 0:
             self.store.begin(step)
@@ -124,9 +150,13 @@ class Checkpointer:
         pending.request = state.prepare_save(staging, step, model_chunks, optimizer, scheduler, extra)
         lap = pending.lap("plan", lap)
         if sync or not self.async_save:
-            hash_s = _write_and_hash(pending.request, staging, self.rank, self.device == "cuda", background=False)
+            try:
+                hash_s = _write_and_hash(pending.request, staging, self.rank, self.device == "cuda", self._results)
+                pending.phases["hash"] = round(hash_s, 4)
+            except Exception as exc:
+                log.exception("writing the shards of step %d failed", step)
+                pending.error = str(exc) or type(exc).__name__
             pending.lap("write", lap)
-            pending.phases["hash"] = round(hash_s, 4)
             self._finish(pending, sync=True)
             dist.barrier()
             return
@@ -137,10 +167,13 @@ class Checkpointer:
             lap = pending.lap("stage", lap)
         if request.async_fn is not None:
             staged = request._replace(async_fn_args=tuple(args), preload_fn=None)
-            pending.process = multiprocessing.get_context("fork").Process(
-                target=_write_and_hash, args=(staged, staging, self.rank, False, True), daemon=False
+            ctx = multiprocessing.get_context("fork")
+            pending.conn, child_end = ctx.Pipe(duplex=False)
+            pending.process = ctx.Process(
+                target=_background_writer, args=(staged, staging, self.rank, child_end), daemon=False
             )
             pending.process.start()
+            child_end.close()
             pending.lap("fork", lap)
         pending.stall_s = time.perf_counter() - started
         self._pending = pending
@@ -160,8 +193,8 @@ class Checkpointer:
         pending = self._pending
         if pending is None:
             return False
-        alive = pending.process is not None and pending.process.is_alive()
-        if agree(alive):
+        writing = pending.conn is not None and not pending.conn.poll()  # the writer sends once, at its end
+        if agree(writing):
             return False
         self._pending = None
         self._finish(pending, sync=False)
@@ -184,13 +217,19 @@ class Checkpointer:
         self.wait()
 
     def _finish(self, pending: _Pending, sync: bool) -> None:
-        if pending.process is not None:
+        if pending.conn is not None and pending.process is not None:
+            try:
+                self._results.put(pending.conn.recv())  # where Megatron's finalize looks for them
+            except EOFError:
+                pending.error = "the background writer died before reporting"
+            pending.conn.close()
             pending.process.join()
-        failed = pending.process is not None and pending.process.exitcode != 0
-        if agree(failed):
+            if pending.process.exitcode != 0 and pending.error is None:
+                pending.error = f"the background writer exited with {pending.process.exitcode}"
+        if agree(pending.error is not None):
             if self.rank == 0:
-                self._emit("checkpoint_failed", step=pending.step, why="a writer process failed")
-            raise CheckpointError(f"saving step {pending.step}: a rank's writer process failed (see its log)")
+                self._emit("checkpoint_failed", step=pending.step, why=pending.error or "another rank failed")
+            raise CheckpointError(f"saving step {pending.step} failed: {pending.error or 'on another rank'}")
         lap = time.perf_counter()
         state.finalize_request(pending.request)
         pending.lap("finalize", lap)

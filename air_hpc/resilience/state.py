@@ -17,6 +17,7 @@ import base64
 import contextlib
 import json
 import logging
+import queue
 import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -253,11 +254,41 @@ def shard_files(request: Any) -> list[Path]:
     return [Path(bucket[0]) for bucket in request.async_fn_args[1]]
 
 
-def run_request(request: Any, stage_to_host: bool = False) -> None:
-    """Write this rank's shards now, in this process."""
+#: What Megatron's writer does that :func:`results_queue` replaces; its unit test fails when it changes.
+RESULTS_QUEUE_EVIDENCE = 'ctx = mp.get_context("spawn")\n        _results_queue = ctx.Manager().Queue()'
+
+
+def results_queue() -> "queue.Queue[Any]":
+    """Make Megatron's writers report to an in-process queue instead of a Manager process.
+
+    Megatron hands the write results from its writer processes to the finalize step through
+    a module-global ``multiprocessing.Manager().Queue()``: a server process started with spawn
+    (which re-imports ``__main__``) and, being part of the job step, killed by the preemption
+    signal that Slurm sends to every process of the step, so the save that follows fails. Our
+    writers run in this process (sync) or return their results through a pipe (async), so a
+    plain queue read by this process is all that finalize needs.
+    """
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if not isinstance(filesystem_async._results_queue, queue.Queue):
+        filesystem_async._results_queue = queue.Queue()
+    return filesystem_async._results_queue
+
+
+def drain(results: "queue.Queue[Any]") -> None:
+    """Drop results a failed save left behind, so the next finalize reads its own."""
+    with contextlib.suppress(queue.Empty):
+        while True:
+            results.get_nowait()
+
+
+def run_request(request: Any, stage_to_host: bool = False, results: Any = None) -> None:
+    """Write this rank's shards now, in this process; ``results`` replaces the request's results queue."""
     args = list(request.async_fn_args)
     if stage_to_host and request.preload_fn is not None:
         args[1] = request.preload_fn()
+    if results is not None and len(args) == 3:
+        args[2] = results
     if request.async_fn is not None:
         request.async_fn(*args, **request.async_fn_kwargs)
 

@@ -4,6 +4,7 @@ The task processes are signalled (``job._interrupt()`` would only reach submitit
 Each time the ranks agree at a step boundary, save synchronously, requeue, and resume.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -36,19 +37,21 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def submit(root: Path, corpus: Path, name: str) -> tuple[RunDir, Any]:
-    job = load_job(
-        REPO / "configs/jobs/gpt-tiny-local.yaml",
-        [
-            f"run.name={name}",
-            f"run.root={root}",
-            f"data.path={corpus}",
-            f"train.steps={STEPS}",
-            "checkpoint.interval_steps=3",
-            "checkpoint.keep_last=10",
-            "health.preflight=false",
-        ],
-    )
+def job_overrides(root: Path, corpus: Path, name: str) -> list[str]:
+    return [
+        f"run.name={name}",
+        f"run.root={root}",
+        f"data.path={corpus}",
+        f"train.steps={STEPS}",
+        "checkpoint.interval_steps=3",
+        "checkpoint.keep_last=10",
+        "health.preflight=false",
+    ]
+
+
+def submit(root: Path, corpus: Path, name: str, config: str = "gpt-tiny-local.yaml", *extra: str) -> tuple[RunDir, Any]:
+    """Through submitit's LocalExecutor on this machine."""
+    job = load_job(REPO / "configs" / "jobs" / config, [*job_overrides(root, corpus, name), *extra])
     run_dir = RunDir.of(job)
     run_dir.write_job(job)
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -74,10 +77,12 @@ def kinds(run_dir: RunDir, kind: str) -> list[dict[str, Any]]:
 
 
 def signal_tasks(handle: Any, expected: int = 4) -> None:
+    """Signal the tasks and every process they started, as slurmstepd does with a step's processes."""
     tasks = psutil.Process(int(handle.job_id)).children()
     assert len(tasks) == expected
-    for task in tasks:
-        task.send_signal(signal.SIGUSR2)
+    for proc in [*tasks, *(c for t in tasks for c in t.children(recursive=True))]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(signal.SIGUSR2)
 
 
 def shard_hashes(run_dir: RunDir, step: int) -> dict[str, str]:

@@ -93,8 +93,8 @@ def _die_after_writing_shards() -> None:
 
     write = state.run_request
 
-    def write_then_die(request: Any, stage_to_host: bool = False) -> None:
-        write(request, stage_to_host)
+    def write_then_die(request: Any, stage_to_host: bool = False, results: Any = None) -> None:
+        write(request, stage_to_host, results)
         os.kill(os.getpid(), signal.SIGKILL)
 
     state.run_request = write_then_die  # type: ignore[assignment]

@@ -103,6 +103,18 @@ def test_finalize_still_needs_the_cpu_device_shim() -> None:
     assert state.FINALIZE_CUDA_EVIDENCE in inspect.getsource(state_dict_saver.save_state_dict_async_finalize)
 
 
+def test_writers_still_report_through_a_manager_queue() -> None:
+    """Fails when megatron-core stops creating its Manager queue (then state.results_queue can go)."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    assert state.RESULTS_QUEUE_EVIDENCE in inspect.getsource(filesystem_async)
+    results = state.results_queue()
+    assert filesystem_async._get_write_results_queue() is results
+    results.put("stale")
+    state.drain(results)
+    assert results.empty()
+
+
 def test_rng_state_round_trips_through_json() -> None:
     from megatron.core import tensor_parallel
 
