@@ -8,7 +8,8 @@
   stop, hang or unhealthy event) to the start of the first step after it
   (the preemption save, the requeue wait, start-up and loading the checkpoint);
 - checkpoint overhead is the time training waited for saves (``stall_s`` of
-  ``checkpoint_saved`` events; an async save stalls only while it snapshots).
+  ``checkpoint_saved`` events; an async save stalls only while it snapshots),
+  except saves made after an interruption, which count in its latency.
 """
 
 import bisect
@@ -132,6 +133,9 @@ def build_report(records: RunRecords) -> RunReport | None:
     last = max([s.time_s or 0.0 for s in timed] + [e.time_s for e in records.events] + [starts[-1]])
     wall = last - starts[0]
     saves = records.of_kind(CHECKPOINT_KIND)
+    # A save made after an interruption (the preemption save) is part of that restart's latency.
+    downtime = [(r.interrupted_s, r.resumed_s if r.resumed_s is not None else last) for r in restarts]
+    stalls = [e for e in saves if not any(since <= e.time_s <= until for since, until in downtime)]
     return RunReport(
         first_start_s=starts[0],
         last_activity_s=last,
@@ -142,7 +146,7 @@ def build_report(records: RunRecords) -> RunReport | None:
         total_steps=records.total_steps,
         restarts=tuple(restarts),
         checkpoints=len(saves),
-        checkpoint_stall_s=sum(e.number("stall_s") or 0.0 for e in saves),
+        checkpoint_stall_s=sum(e.number("stall_s") or 0.0 for e in stalls),
         checkpoint_write_s=sum(e.number("seconds") or 0.0 for e in saves),
     )
 

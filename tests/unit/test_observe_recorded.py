@@ -20,6 +20,8 @@ def test_recorded_preemption_report() -> None:
     report = build_report(records)
     assert report is not None
     assert (report.steps_done, report.total_steps, report.checkpoints) == (30, 30, 7)
+    # The two saves at the stop (steps 15 and 16) belong to the restart, not to the checkpoint overhead.
+    assert report.checkpoint_stall_s == pytest.approx(0.114 + 0.1422 + 0.092 + 0.0898 + 0.3518)
     assert report.wall_s == pytest.approx(49.94, abs=0.01)
     assert report.goodput == pytest.approx(report.productive_s / report.wall_s)
     assert 0.13 < (report.goodput or 0) < 0.15
