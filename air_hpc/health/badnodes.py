@@ -7,7 +7,8 @@ One node per line, with the reason after ``#``::
 The batch script reads it with ``sed``/``paste`` before a requeue
 (``scontrol update ExcNodeList=``) and ``air-hpc submit`` adds it to
 ``--exclude``; so the format stays this plain. Several ranks may append at
-once: each line is one ``O_APPEND`` write, and readers de-duplicate.
+once: each line is one ``O_APPEND`` write, and readers de-duplicate. Deleting a line
+(once the node is repaired) lets the run use that node again.
 """
 
 import os
