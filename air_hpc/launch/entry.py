@@ -95,7 +95,6 @@ class TrainingEntry(submitit.helpers.Checkpointable):
             on_cpu = job.hardware.device == "cpu"
             _apply_thread_limit(os.environ)
             with contextlib.ExitStack() as stack:
-                parallel.start_checkpoint_queue([job.resilience.signal, *trainer.ALWAYS_STOP_ON])
                 if on_cpu:
                     from air_hpc.train import cpu_compat
 

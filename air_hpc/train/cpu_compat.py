@@ -4,8 +4,8 @@ Megatron assumes CUDA in a handful of places even when ``use_cpu_initialization`
 is set: literal ``device="cuda"`` in the schedules, the causal mask, the optimizer
 and grad clipping; ``torch.cuda.current_device()``/``synchronize()`` in the p2p
 communication and the grad buffers; the RNG tracker reads and writes the CUDA
-generator; grad clipping asserts ``torch.cuda.FloatTensor``. (The checkpoint
-result queue, a problem on every device, is :func:`air_hpc.train.parallel.start_checkpoint_queue`.)
+generator; grad clipping asserts ``torch.cuda.FloatTensor``. (Megatron's checkpoint
+results queue, a Manager process on every device, is replaced by the resilience code.)
 
 Each workaround is a :class:`Patch` that replaces one attribute of one Megatron
 module and names the source text that makes it necessary, so
@@ -27,8 +27,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-
-from air_hpc.train import parallel
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +164,13 @@ def patched(skip: frozenset[str] = frozenset()) -> Iterator[None]:
         yield
 
 
-#: Kept for callers that start ranks themselves (tests, benchmarks); the entry point calls
-#: :func:`air_hpc.train.parallel.start_checkpoint_queue` on every device.
-start_checkpoint_queue = parallel.start_checkpoint_queue
+def start_checkpoint_queue() -> None:
+    """Point dist_checkpointing's results queue at an in-process queue (no Manager server process).
+
+    The :class:`~air_hpc.resilience.checkpointer.Checkpointer` does this itself; this name
+    remains for rank harnesses that call it before building one (see
+    :func:`air_hpc.resilience.state.results_queue` for why there is no Manager).
+    """
+    from air_hpc.resilience.state import results_queue
+
+    results_queue()

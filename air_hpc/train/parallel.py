@@ -168,33 +168,3 @@ def seed(ctx: ParallelContext, value: int) -> None:
     random.seed(stage_seed)
     np.random.seed(stage_seed)
     torch.manual_seed(stage_seed)
-
-
-def start_checkpoint_queue(ignore_signals: Sequence[str] = ()) -> None:
-    """Create ``dist_checkpointing``'s result-queue Manager now: forked, before any process group or CUDA context.
-
-    Megatron creates it lazily on the first save with the spawn context, which re-imports
-    ``__main__`` (submitit's runner, pytest, ...). Worse, its server is one more process of
-    the Slurm step: the stop signal (USR2, TERM) reaches it too, kills it by default, and
-    the save that signal asks for then fails. This server ignores ``ignore_signals``.
-    """
-    import multiprocessing
-    import multiprocessing.managers
-
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-
-    from air_hpc.resilience.signals import signal_number
-
-    if filesystem_async._results_queue is not None:
-        return
-    numbers = sorted({signal_number(name) for name in ignore_signals})
-    manager = multiprocessing.managers.SyncManager(ctx=multiprocessing.get_context("fork"))
-    manager.start(_ignore, (numbers,))
-    filesystem_async._results_queue = manager.Queue()
-
-
-def _ignore(numbers: Sequence[int]) -> None:
-    import signal
-
-    for number in numbers:
-        signal.signal(number, signal.SIG_IGN)
