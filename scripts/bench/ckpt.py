@@ -13,6 +13,9 @@ Prints, for a Megatron-core GPT on gloo CPU ranks (real ``Checkpointer``, real `
   contention (the writer runs at lower priority, but serialising and hashing still take cycles).
 
 Usage: ``scripts/bench/ckpt.py [--ranks 2] [--hidden 512] [--layers 4] [--vocab 16384] [--dir DIR]``.
+
+``--testbed STATE_DIR`` instead preempts a gpt-tiny job on a running testbed and prints the
+seconds from the signal to the first resumed step (target <= 20 s) and the steps lost (<= 1).
 The ranks run as subprocesses of this script (``--worker``); rank 0 prints the report. Each
 ratio is the median over ``--repeats`` pairs measured back to back (baseline, then ours).
 """
@@ -32,6 +35,7 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "configs" / "jobs" / "gpt-tiny-local.yaml"
@@ -111,7 +115,6 @@ def worker(args: argparse.Namespace) -> None:
     if args.rank == 0 and not corpus.exists():
         prepare([REPO / "README.md", REPO / "configs" / "jobs" / "gpt-tiny-local.yaml"], corpus, ByteTokenizer())
     env = parallel.DistEnv(args.rank, args.ranks, args.rank, "127.0.0.1", args.port, "localhost")
-    cpu_compat.start_checkpoint_queue()
     with contextlib.ExitStack() as stack:
         stack.enter_context(cpu_compat.patched())
         ctx = stack.enter_context(parallel.distributed(env, job.layout, "gloo", 600))
@@ -252,17 +255,92 @@ def report(
         "async_slowdown_vs_sync": (max(0.0, paired(async_stall_s, sync_s)), None, ""),
     }
     width = max(len(name) for name, _ in rows)
+    for name, text in rows:
+        print(f"{name:<{width}}  {text}")
+    print()
+    for name, (ratio, target, op) in ratios.items():
+        verdict = ""
+        if target is not None:
+            ok = ratio >= target if op == ">=" else ratio <= target
+            verdict = f"  (target {op} {target}: {'ok' if ok else 'MISSED'})"
+        print(f"ratio {name:<26} {ratio:6.3f}{verdict}")
+    if args.json:
+        print(json.dumps({k: v[0] for k, v in ratios.items()}))
+
+
+def testbed_preemption(args: argparse.Namespace) -> None:
+    """Preempt a gpt-tiny job on a running testbed (``scancel --signal=USR2 --batch``) and time its way back.
+
+    Prints the seconds from the signal to the first resumed step (target <= 20 s; the requeue
+    itself costs ~12 s on the testbed) and the steps lost (target <= 1), with the phases between.
+    """
+    from air_hpc.config import load_job
+    from air_hpc.launch.submit import submit
+    from air_hpc.resilience.events import read_events
+    from air_hpc.rundir import RunDir
+    from air_hpc.testbed import Testbed
+    from air_hpc.train import data
+    from air_hpc.train.metrics import read_metrics
+
+    bed = Testbed(Path(args.testbed))
+    client = bed.client()
+    base = Path(args.dir) if args.dir else REPO / "runs"
+    root = Path(tempfile.mkdtemp(dir=base, prefix="bench-preempt-"))
+    corpus = root / "corpus.h5"
+    data.prepare(data.project_sources(), corpus, data.ByteTokenizer())
+    job = load_job(
+        REPO / "configs/jobs/gpt-tiny-testbed.yaml",
+        [
+            f"run.root={root}",
+            f"data.path={corpus}",
+            "train.steps=12",
+            "checkpoint.interval_steps=4",
+            "health.preflight=false",
+            f"cluster.topology_file={bed.layout.topology_conf}",
+        ],
+    )
+    done = submit(job, "slurm", client)
+    run = RunDir(done.run_dir)
+
+    def last_step() -> int:
+        return max((int(r["step"]) for r in read_metrics(run.metrics)), default=0)
+
+    def wait(what: str, condition: Any, timeout_s: float = 600) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"bench: timed out waiting for {what}; see {run.path}/logs")
+            time.sleep(0.05)
+
+    wait("step 2", lambda: last_step() >= 2)
+    trained_before = last_step()
+    signalled = time.time()
+    client.scancel(done.job_id, signal="USR2", batch=True)
+    wait("the resume", lambda: any(e["kind"] == "resume" for e in read_events(run.events)))
+    events = read_events(run.events)
+    stop = next(e for e in events if e["kind"] == "stop")
+    resume = next(e for e in events if e["kind"] == "resume")
+    wait("the first resumed step", lambda: last_step() > resume["step"])
+    first = next(r for r in read_metrics(run.metrics) if r["step"] == resume["step"] + 1)
+    starts = [e["time"] for e in read_events(run.submissions) if e.get("event") == "started"]
+    saved = next(e for e in events if e["kind"] == "checkpoint_saved" and e["step"] == stop["step"])
+    lost = max(trained_before, stop["step"]) - resume["step"]
+    total = first["time"] - signalled
+    rows = [
+        ("signal -> ranks agree to stop", f"{stop['time'] - signalled:.1f} s (at step {stop['step']})"),
+        ("synchronous save", f"{saved['seconds']:.2f} s"),
+        ("exit -> batch script restarted (requeue)", f"{starts[-1] - saved['time']:.1f} s"),
+        ("restart -> resumed (imports, process groups, load)", f"{resume['time'] - starts[-1]:.1f} s"),
+        ("resumed -> first resumed step done", f"{first['time'] - resume['time']:.1f} s"),
+        ("cores / load average", f"{os.cpu_count()} / {os.getloadavg()[0]:.1f}"),
+    ]
+    width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
     print()
-    for name, (value, target, op) in ratios.items():
-        verdict = ""
-        if target is not None:
-            ok = value >= target if op == ">=" else value <= target
-            verdict = f"  (target {op} {target}: {'ok' if ok else 'MISSED'})"
-        print(f"ratio {name:<26} {value:6.3f}{verdict}")
-    if args.json:
-        print(json.dumps({k: v[0] for k, v in ratios.items()}))
+    print(f"seconds signal -> first resumed step  {total:6.1f}  (target <= 20: {'ok' if total <= 20 else 'MISSED'})")
+    print(f"steps lost                            {lost:6d}  (target <= 1: {'ok' if lost <= 1 else 'MISSED'})")
+    client.scancel(done.job_id)
 
 
 def main() -> None:
@@ -275,11 +353,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dir", help="where to write (default: a temp dir under the repo's runs/)")
     parser.add_argument("--json", action="store_true", help="also print the ratios as one JSON line")
+    parser.add_argument(
+        "--testbed", metavar="STATE_DIR", help="instead: time a preemption on this running testbed (air-hpc testbed up)"
+    )
     parser.add_argument("--worker", type=int, dest="rank", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank is not None:
         worker(args)
+        return
+    if args.testbed:
+        testbed_preemption(args)
         return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

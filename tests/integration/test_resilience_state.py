@@ -6,6 +6,7 @@ building gpt-tiny through ``air_hpc.train`` and saving/loading through
 within float tolerance (resharded).
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -54,7 +55,6 @@ def worker_main(spec_json: str) -> None:
     job = load_job(str(JOB), tuple(spec["overrides"]))
     run = RunDir(Path(spec["run_dir"]))
     env = parallel.DistEnv(spec["rank"], spec["world"], spec["rank"], "127.0.0.1", spec["port"], "localhost")
-    cpu_compat.start_checkpoint_queue()
     results: dict[str, Any] = {"losses": {}}
     with contextlib.ExitStack() as stack:
         stack.enter_context(cpu_compat.patched())
@@ -117,21 +117,32 @@ def start_ranks(run_dir: Path, tag: str, world: int = 4, **spec: Any) -> list[tu
         log = open(run_dir / f"{tag}-rank{rank}.log", "wb")  # noqa: SIM115 (closed with the process)
         code = "import sys; from tests.integration.test_resilience_state import worker_main; worker_main(sys.argv[1])"
         proc = subprocess.Popen(
-            [sys.executable, "-c", code, json.dumps(full)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, "-c", code, json.dumps(full)],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # one process group per rank: cleanup reaches its forked writers
         )
         procs.append((proc, out))
     return procs
 
 
+def kill_ranks(procs: list[tuple[subprocess.Popen[bytes], Path]]) -> None:
+    """SIGKILL every rank's process group (the rank and anything it forked) that is still there."""
+    for proc, _ in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def wait_ranks(procs: list[tuple[subprocess.Popen[bytes], Path]], timeout_s: float = 240) -> list[dict[str, Any]]:
     deadline = time.monotonic() + timeout_s
-    for proc, _ in procs:
-        try:
+    try:
+        for proc, _ in procs:
             proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for other, _ in procs:
-                other.kill()
-            raise
+    finally:
+        kill_ranks(procs)
     failed = [(i, p.returncode) for i, (p, _) in enumerate(procs) if p.returncode != 0]
     if failed:
         logs = "\n".join(Path(str(out).replace(".json", ".log")).read_text()[-3000:] for _, out in procs)
@@ -230,12 +241,11 @@ def test_rank_killed_mid_save_resumes_from_previous_checkpoint(
     ov = overrides(corpus, run)
     procs = start_ranks(run, "killed", overrides=ov, steps=6, save_at=[2, 4], die_in_save_at=[1, 4], **{"async": False})
     victim = procs[1][0]
-    victim.wait(timeout=240)
+    try:
+        victim.wait(timeout=240)
+    finally:
+        kill_ranks(procs)  # what Slurm does to the other tasks of a failed step
     assert victim.returncode == -signal.SIGKILL
-    for proc, _ in procs:  # what Slurm does to the other tasks of a failed step
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=60)
     store = CheckpointStore(run / "checkpoints", keep_last=5)
     assert store.committed_steps() == [2]
     assert [p.name for p in store.partial()] == [".tmp-step_0000004"]
