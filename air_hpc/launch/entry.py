@@ -87,6 +87,7 @@ class TrainingEntry(submitit.helpers.Checkpointable):
         job = run_dir.read_job()
         for key, value in job.env.items():
             os.environ.setdefault(key, value)
+        stop = trainer.arm_stop(job)
         trainer.validate(job)
         env = current_dist_env(os.environ)
         handler = metrics.setup_rank_logging(run_dir.rank_log(env.rank), env.rank)
@@ -108,10 +109,11 @@ class TrainingEntry(submitit.helpers.Checkpointable):
                 )
                 backend: parallel.Backend = "gloo" if on_cpu else "nccl"
                 ctx = stack.enter_context(parallel.distributed(env, job.layout, backend, job.train.dist_timeout_s))
-                summary = trainer.train(job, run_dir, ctx, heartbeat)
+                summary = trainer.train(job, run_dir, ctx, heartbeat, stop)
             if summary.exit_code != ExitCode.OK:
                 record_verdict(run_dir, os.environ, summary.exit_code)
             if summary.exit_code == ExitCode.REQUEUE and os.environ.get("SUBMITIT_EXECUTOR"):
+                stop.uninstall()
                 _requeue_through_submitit(env.rank)
             return summary
         except Exception:

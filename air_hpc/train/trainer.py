@@ -14,6 +14,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from air_hpc.config.models import JobConfig
 from air_hpc.exitcodes import ExitCode
@@ -23,10 +24,20 @@ from air_hpc.train import metrics as metrics_mod
 from air_hpc.train.data import CorpusInfo, TokenSamples, check_for_training
 from air_hpc.train.parallel import ParallelContext
 
+if TYPE_CHECKING:
+    from air_hpc.resilience.signals import StopRequest
+
 log = logging.getLogger(__name__)
 
 #: Signals that ask for a checkpoint and a requeue besides ``resilience.signal``.
 ALWAYS_STOP_ON = ("TERM",)
+
+
+def arm_stop(job: JobConfig) -> "StopRequest":
+    """Handle the configured stop signal and SIGTERM by setting a flag (main thread only)."""
+    from air_hpc.resilience.signals import StopRequest
+
+    return StopRequest.install([job.resilience.signal, *ALWAYS_STOP_ON])
 
 
 def validate(job: JobConfig) -> CorpusInfo:
@@ -43,14 +54,23 @@ class RunSummary:
     stop_reason: str | None = None
 
 
-def train(job: JobConfig, run_dir: RunDir, ctx: ParallelContext, heartbeat: Heartbeat | None = None) -> RunSummary:
+def train(
+    job: JobConfig,
+    run_dir: RunDir,
+    ctx: ParallelContext,
+    heartbeat: Heartbeat | None = None,
+    stop: "StopRequest | None" = None,
+) -> RunSummary:
     """Train from the latest checkpoint (or step 1) to ``train.steps``; the caller owns the process groups.
 
     ``heartbeat`` hears of every step and checkpoint, so the watchdog can tell a slow step from a hung one.
+    ``stop`` is the caller's armed stop flag: installed early, it also catches a signal that arrives
+    during setup, and one that arrives after the last step does no harm. Without one, the stop
+    signals are armed here for the duration of the call.
     """
     from air_hpc.resilience.checkpointer import Checkpointer
     from air_hpc.resilience.events import EventLog
-    from air_hpc.resilience.signals import Deadline, StopRequest, agree_stop
+    from air_hpc.resilience.signals import Deadline, agree_stop
     from air_hpc.resilience.store import CheckpointStore
     from air_hpc.train import model as model_mod
     from air_hpc.train import parallel
@@ -82,7 +102,9 @@ def train(job: JobConfig, run_dir: RunDir, ctx: ParallelContext, heartbeat: Hear
     )
     mfu_per_token = _mfu_factor(job)
     tokens_per_step = t.global_batch_size * job.model.seq_len
-    stop = StopRequest.install([job.resilience.signal, *ALWAYS_STOP_ON])
+    own_stop = stop is None
+    if stop is None:
+        stop = arm_stop(job)
     deadline = Deadline.from_env(
         job.resources.time_limit_min, job.resilience.time_margin_s, submissions=run_dir.submissions
     )
@@ -143,7 +165,8 @@ def train(job: JobConfig, run_dir: RunDir, ctx: ParallelContext, heartbeat: Hear
             save(t.steps, sync=True, reason="final")
         checkpoints.close()
     finally:
-        stop.uninstall()
+        if own_stop:
+            stop.uninstall()
         if writer is not None:
             writer.close()
         samples.close()

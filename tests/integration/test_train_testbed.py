@@ -22,7 +22,7 @@ from air_hpc.train.metrics import read_metrics
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS = 5
+STEPS = 8
 
 
 def start(testbed: Any, tmp_path: Path, corpus: Path, name: str) -> Submission:
