@@ -103,7 +103,8 @@ class TrainingEntry(submitit.helpers.Checkpointable):
                 else:
                     import torch
 
-                    torch.cuda.set_device(env.local_rank)
+                    # One GPU per rank: all of the node's GPUs visible, or only the task's own (--gpus-per-task).
+                    torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
                 heartbeat = stack.enter_context(
                     rank_guard(job, run_dir, env.rank, env.world_size, env.hostname, os.environ)
                 )
