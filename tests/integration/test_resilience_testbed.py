@@ -28,14 +28,15 @@ REPO = Path(__file__).resolve().parents[2]
 def test_testbed_job_preempted_twice_finishes_with_identical_losses(testbed: Any, tmp_path: Path) -> None:
     corpus = tmp_path / "corpus.h5"
     data.prepare(data.project_sources(), corpus, data.ByteTokenizer())
+    steps = "train.steps=10"  # room for two stops that land a few steps after their signals
     reference, handle = submit_local(
-        tmp_path, corpus, "reference", "gpt-tiny-testbed.yaml", "resources.nodes=1", "resources.tasks_per_node=4"
+        tmp_path, corpus, "reference", "gpt-tiny-testbed.yaml", steps, "resources.nodes=1", "resources.tasks_per_node=4"
     )
     assert [r.exit_code for r in handle.results()] == [ExitCode.OK] * 4
 
     job = load_job(
         REPO / "configs/jobs/gpt-tiny-testbed.yaml",
-        [*job_overrides(tmp_path, corpus, "testbed"), f"cluster.topology_file={testbed.topology_conf}"],
+        [*job_overrides(tmp_path, corpus, "testbed"), steps, f"cluster.topology_file={testbed.topology_conf}"],
     )
     done = submit(job, "slurm", testbed.client)
     run_dir = RunDir(done.run_dir)
@@ -44,7 +45,7 @@ def test_testbed_job_preempted_twice_finishes_with_identical_losses(testbed: Any
     for round_ in range(2):
         resumed = kinds(run_dir, "resume")
         since = resumed[-1]["step"] if resumed else 0
-        wait_for(f"step {since + 2}", lambda since=since: last_step(run_dir) >= since + 2, timeout_s=300)
+        wait_for(f"step {since + 1}", lambda since=since: last_step(run_dir) >= since + 1, timeout_s=300)
         signalled.append(time.time())
         testbed.client.scancel(done.job_id, signal="USR2", batch=True)
         wait_for(f"resume {round_ + 1}", lambda n=round_ + 1: len(kinds(run_dir, "resume")) >= n, timeout_s=300)
