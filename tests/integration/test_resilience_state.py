@@ -9,6 +9,7 @@ within float tolerance (resharded).
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -275,3 +276,42 @@ def test_resume_onto_another_layout_reshards(
     resume_event = [e for e in read_events(run / "events.jsonl") if e["kind"] == "resume"][-1]
     assert resume_event["layout_changed"] is True and resume_event["rng_restored"] is False
     assert CheckpointStore(run / "checkpoints", keep_last=5).latest_complete() == 6
+
+
+class _Planted:
+    """Unpickling this writes a marker file: proof that a checkpoint ran code."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return (Path.write_text, (self.marker, "pwned"))  # type: ignore[return-value]
+
+
+def test_real_checkpoints_pass_the_safe_loader_and_planted_objects_do_not_run(
+    reference: tuple[Path, dict[int, float], list[Any]], tmp_path: Path
+) -> None:
+    import pickle
+
+    import torch
+
+    from air_hpc.errors import CheckpointError
+    from air_hpc.resilience.safe_load import check_checkpoint
+
+    reference_run, _, _ = reference
+    real = reference_run / "checkpoints" / "step_0000004"
+    check_checkpoint(real)  # every pickle in a real TP2xPP2 checkpoint is plain data
+    marker = tmp_path / "marker"
+    for name, payload in [
+        (".metadata", pickle.dumps(_Planted(marker))),
+        ("common.pt", None),
+    ]:
+        bad = tmp_path / name.strip(".")
+        shutil.copytree(real, bad)
+        if payload is None:
+            torch.save({"optimizer": _Planted(marker)}, bad / name)
+        else:
+            (bad / name).write_bytes(payload)
+        with pytest.raises(CheckpointError, match=f"{re.escape(name)}.*refusing to load"):
+            check_checkpoint(bad)
+    assert not marker.exists()
