@@ -1,7 +1,10 @@
-"""A TP2xPP2 gpt-tiny run preempted twice through submitit's LocalExecutor ends exactly like an uninterrupted one.
+"""A TP2xPP2 gpt-tiny run preempted twice ends exactly like an uninterrupted one: locally and on the testbed.
 
-The task processes are signalled (``job._interrupt()`` would only reach submitit's controller).
-Each time the ranks agree at a step boundary, save synchronously, requeue, and resume.
+Through submitit's LocalExecutor the task processes and everything they started are signalled
+(``job._interrupt()`` would only reach submitit's controller). On the testbed the batch shell
+gets ``scancel --signal=USR2 --batch``, forwards it to the ``srun`` step, and requeues on the
+ranks' exit code. Each time the ranks agree at a step boundary, save synchronously, and the
+next start resumes. Both are compared with one uninterrupted run on this machine.
 """
 
 import contextlib
@@ -19,6 +22,7 @@ import submitit
 from air_hpc.config.load import load_job
 from air_hpc.exitcodes import ExitCode
 from air_hpc.launch.entry import TrainingEntry
+from air_hpc.launch.submit import submit as submit_slurm
 from air_hpc.resilience.events import read_events
 from air_hpc.rundir import RunDir
 from air_hpc.train import data
@@ -27,7 +31,7 @@ from air_hpc.train.metrics import read_metrics
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS = 7
+STEPS = 10  # room for two stops that land a few steps after their signals
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +53,9 @@ def job_overrides(root: Path, corpus: Path, name: str) -> list[str]:
     ]
 
 
-def submit(root: Path, corpus: Path, name: str, config: str = "gpt-tiny-local.yaml", *extra: str) -> tuple[RunDir, Any]:
+def submit(root: Path, corpus: Path, name: str) -> tuple[RunDir, Any]:
     """Through submitit's LocalExecutor on this machine."""
-    job = load_job(REPO / "configs" / "jobs" / config, [*job_overrides(root, corpus, name), *extra])
+    job = load_job(REPO / "configs/jobs/gpt-tiny-local.yaml", job_overrides(root, corpus, name))
     run_dir = RunDir.of(job)
     run_dir.write_job(job)
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -90,27 +94,61 @@ def shard_hashes(run_dir: RunDir, step: int) -> dict[str, str]:
     return {f["path"]: f["sha256"] for f in manifest["files"] if f["path"].endswith(".distcp")}
 
 
-def test_preempted_twice_matches_an_uninterrupted_run_bit_for_bit(corpus: Path, tmp_path: Path) -> None:
-    reference, handle = submit(tmp_path, corpus, "reference")
+@pytest.fixture(scope="module")
+def reference(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> RunDir:
+    run_dir, handle = submit(tmp_path_factory.mktemp("reference"), corpus, "reference")
     assert [r.exit_code for r in handle.results()] == [ExitCode.OK] * 4
+    return run_dir
 
-    run_dir, handle = submit(tmp_path, corpus, "preempted")
-    wait_for("step 2", lambda: last_step(run_dir) >= 2)
-    signal_tasks(handle)
-    wait_for("the first resume", lambda: kinds(run_dir, "resume"))
-    first_resume = kinds(run_dir, "resume")[0]["step"]
-    wait_for("two steps after the resume", lambda: last_step(run_dir) >= first_resume + 2)
-    signal_tasks(handle)
-    assert [r.exit_code for r in handle.results()] == [ExitCode.OK] * 4
 
+def preempt_twice(run_dir: RunDir, send: Any) -> list[float]:
+    """Signal after the first step of each start; returns when the second resume happened."""
+    signalled = []
+    for round_ in range(2):
+        resumed = kinds(run_dir, "resume")
+        since = resumed[-1]["step"] if resumed else 0
+        wait_for(f"step {since + 1}", lambda since=since: last_step(run_dir) >= since + 1, timeout_s=300)
+        signalled.append(time.time())
+        send()
+        wait_for(f"resume {round_ + 1}", lambda n=round_ + 1: len(kinds(run_dir, "resume")) >= n, timeout_s=300)
+    return signalled
+
+
+def check_like_reference(run_dir: RunDir, reference: RunDir, signalled: list[float]) -> None:
+    records = read_metrics(run_dir.metrics)
     expected = [(r["step"], r["loss"]) for r in read_metrics(reference.metrics)]
-    assert [(r["step"], r["loss"]) for r in read_metrics(run_dir.metrics)] == expected
     assert len(expected) == STEPS
+    assert [(r["step"], r["loss"]) for r in records] == expected
     stops, resumes = kinds(run_dir, "stop"), kinds(run_dir, "resume")
     assert [e["reason"] for e in stops] == ["signal", "signal"]
     assert [e["step"] for e in resumes] == [e["step"] for e in stops]  # no step lost
-    assert stops[0]["step"] < stops[1]["step"]
+    assert stops[0]["step"] < stops[1]["step"] < STEPS
     assert all(e["rng_restored"] and not e["layout_changed"] for e in resumes)
     saved = {e["step"]: e for e in kinds(run_dir, "checkpoint_saved")}
     assert all(saved[e["step"]]["async"] is False for e in stops)  # preemption saves are synchronous
     assert shard_hashes(run_dir, STEPS) == shard_hashes(reference, STEPS)  # the final weights, byte for byte
+    for sent, stop in zip(signalled, stops, strict=True):
+        first_resumed = next(r for r in records if r["step"] == stop["step"] + 1)
+        print(f"signal at step {stop['step']}: first resumed step {first_resumed['time'] - sent:.1f} s later")
+
+
+def test_preempted_twice_locally_matches_an_uninterrupted_run(corpus: Path, reference: RunDir, tmp_path: Path) -> None:
+    run_dir, handle = submit(tmp_path, corpus, "preempted")
+    signalled = preempt_twice(run_dir, lambda: signal_tasks(handle))
+    assert [r.exit_code for r in handle.results()] == [ExitCode.OK] * 4
+    check_like_reference(run_dir, reference, signalled)
+
+
+def test_testbed_job_preempted_twice_finishes_on_its_own_identically(
+    testbed: Any, corpus: Path, reference: RunDir, tmp_path: Path
+) -> None:
+    job = load_job(
+        REPO / "configs/jobs/gpt-tiny-testbed.yaml",
+        [*job_overrides(tmp_path, corpus, "testbed"), f"cluster.topology_file={testbed.topology_conf}"],
+    )
+    done = submit_slurm(job, "slurm", testbed.client)
+    run_dir = RunDir(done.run_dir)
+    signalled = preempt_twice(run_dir, lambda: testbed.client.scancel(done.job_id, signal="USR2", batch=True))
+    state = testbed.wait_job(done.job_id, timeout_s=300)
+    assert state == "COMPLETED", "\n".join(p.read_text()[-1500:] for p in sorted(run_dir.logs.glob("*")))
+    check_like_reference(run_dir, reference, signalled)
