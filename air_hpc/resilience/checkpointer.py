@@ -116,6 +116,7 @@ class Checkpointer:
         self.async_save = async_save and async_blocker is None
         self._pending: _Pending | None = None
         self._results = state.results_queue()
+        self._validated = False
         self._commit: threading.Thread | None = None
         self._commit_error: BaseException | None = None
         if async_save and async_blocker is not None:
@@ -147,7 +148,10 @@ class Checkpointer:
         dist.barrier()
         staging = self.store.staging_dir(step)
         lap = pending.lap("begin", started)
-        pending.request = state.prepare_save(staging, step, model_chunks, optimizer, scheduler, extra)
+        pending.request = state.prepare_save(
+            staging, step, model_chunks, optimizer, scheduler, extra, validate=not self._validated
+        )
+        self._validated = True
         lap = pending.lap("plan", lap)
         if sync or not self.async_save:
             try:

@@ -211,8 +211,13 @@ def prepare_save(
     scheduler: Any,
     extra: dict[str, Any],
     layout: ParallelLayout | None = None,
+    validate: bool = True,
 ) -> Any:
     """Plan a save of this rank's state into ``directory`` (all ranks); returns Megatron's AsyncRequest.
+
+    ``validate``: let Megatron check that every shard is saved exactly once (one all-gather of
+    the shard metadata). The structure of a run's state does not change between its saves, so
+    the checkpointer validates the first save of each process only.
 
     The request's ``async_fn`` writes the shards (run it here for a sync save, or in a
     forked process for an async one); its finalize functions are collectives.
@@ -225,7 +230,9 @@ def prepare_save(
     rank, world = dist.get_rank(), dist.get_world_size()
     row, rng_len = _rng_row(rank, world)
     state = sharded_state_dict(model_chunks, optimizer, row, is_loading=False)
-    request = dist_checkpointing.save(state, str(directory), async_sharded_save=True)
+    request = dist_checkpointing.save(
+        state, str(directory), async_sharded_save=True, validate_access_integrity=validate
+    )
     if rank == 0:
         write_state_file(directory, step, layout, scheduler, extra, rng_len)
     return request

@@ -12,7 +12,7 @@ Prints, for a Megatron-core GPT on gloo CPU ranks (real ``Checkpointer``, real `
   background writer runs, which on a machine with fewer idle cores than writers includes CPU
   contention (the writer runs at lower priority, but serialising and hashing still take cycles).
 
-Usage: ``scripts/bench/ckpt.py [--ranks 2] [--hidden 512] [--layers 4] [--vocab 16384] [--dir DIR]``.
+Usage: ``scripts/bench/ckpt.py [--ranks 2] [--hidden 768] [--layers 6] [--vocab 32768] [--dir DIR]``.
 
 ``--testbed STATE_DIR`` instead preempts a gpt-tiny job on a running testbed and prints the
 seconds from the signal to the first resumed step (target <= 20 s) and the steps lost (<= 1).
@@ -346,11 +346,11 @@ def testbed_preemption(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--vocab", type=int, default=16384)
-    parser.add_argument("--steps", type=int, default=4, help="training steps per timing window")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--hidden", type=int, default=768)
+    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--vocab", type=int, default=32768)
+    parser.add_argument("--steps", type=int, default=2, help="training steps per timing window")
+    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--dir", help="where to write (default: a temp dir under the repo's runs/)")
     parser.add_argument("--json", action="store_true", help="also print the ratios as one JSON line")
     parser.add_argument(
