@@ -151,10 +151,16 @@ def plan(
 ) -> Plan:
     """Choose nodes (live state when a client is given), render, and optionally ``sbatch --test-only`` it.
 
-    ``test_only`` is skipped with a note when the controller does not answer:
-    the render itself needs no cluster. ``step_command`` replaces the training
-    step (tests run small payloads through the same script).
+    The training data is checked against the model first, so a missing or short
+    corpus is one line at submit time, not a failed job. ``test_only`` is skipped
+    with a note when the controller does not answer: the render itself needs no
+    cluster. ``step_command`` replaces the training step (tests run small
+    payloads through the same script).
     """
+    if step_command is None:
+        from air_hpc.train.data import check_for_training
+
+        check_for_training(job.data.path, job.model.seq_len, job.model.vocab_size)
     available = None
     notes: list[str] = []
     if client is not None and job.placement.topology_aware and job.cluster.topology_file:

@@ -33,8 +33,21 @@ def topo(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def _corpus(small_corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Submission checks the training data first: point every job at a real corpus."""
+    monkeypatch.setitem(CORPUS, "path", small_corpus)
+
+
+CORPUS: dict[str, Path] = {}
+
+
+def sets(tmp_path: Path) -> list[str]:
+    return ["--set", f"run.root={tmp_path}", "--set", f"data.path={CORPUS['path']}"]
+
+
 def job_in(tmp_path: Path, *overrides: str, job_file: Path = TESTBED_JOB):
-    return load_job(job_file, [f"run.root={tmp_path / 'runs'}", *overrides])
+    return load_job(job_file, [f"run.root={tmp_path / 'runs'}", f"data.path={CORPUS['path']}", *overrides])
 
 
 def test_slurm_submission_validates_records_and_submits_once(tmp_path: Path) -> None:
@@ -142,7 +155,7 @@ def invoke(fake: FakeSlurm, args: list[str]) -> None:
 
 def test_cli_submit_status_logs_cancel(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fake = FakeSlurm()
-    invoke(fake, ["submit", str(TESTBED_JOB), "--set", f"run.root={tmp_path}", "--json"])
+    invoke(fake, ["submit", str(TESTBED_JOB), *sets(tmp_path), "--json"])
     out = json.loads(capsys.readouterr().out)
     job_id, run = out["job_id"], Path(out["run_dir"])
     assert out["executor"] == "slurm" and fake.jobs[job_id].state is JobState.PENDING
@@ -198,7 +211,7 @@ def test_cli_status_with_controller_down_is_one_error(tmp_path: Path) -> None:
 
 def test_cli_dry_run_submits_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fake = FakeSlurm()
-    invoke(fake, ["submit", str(TESTBED_JOB), "--set", f"run.root={tmp_path}", "--dry-run"])
+    invoke(fake, ["submit", str(TESTBED_JOB), *sets(tmp_path), "--dry-run"])
     out, err = capsys.readouterr()
     assert out.startswith("#!/bin/bash\n") and "#SBATCH --nodes=2" in out
     assert "sbatch --test-only: would start" in err and "nothing submitted" in err
@@ -236,3 +249,12 @@ def test_run_records_survive_a_torn_last_line(tmp_path: Path) -> None:
     (record,) = submissions(run)
     assert (record.job_id, record.starts) == ("7", 1)
     assert progress(run, 10) == Progress(step=3, total_steps=10, loss=1.5, tokens_per_s=None)
+
+
+def test_missing_corpus_is_one_line_at_submit_time(tmp_path: Path) -> None:
+    fake = FakeSlurm()
+    job = job_in(tmp_path, f"data.path={tmp_path / 'missing.h5'}")
+    with pytest.raises(UserError, match=r"missing\.h5: no such HDF5 token file"):
+        submit(job, "slurm", fake)
+    assert fake.calls == []
+    assert not (tmp_path / "runs").exists()
