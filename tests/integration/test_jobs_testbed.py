@@ -109,8 +109,11 @@ def wait_state(testbed: Any, job_id: str, timeout_s: float = 90) -> JobState:
 
 
 @pytest.mark.parametrize("job_file", JOBS, ids=lambda p: p.stem)
-def test_every_example_passes_sbatch_test_only(testbed: Any, tmp_path: Path, job_file: Path) -> None:
-    planned = plan(load_job(job_file, [f"run.root={tmp_path}"]), testbed.client, test_only=True)
+def test_every_example_passes_sbatch_test_only(
+    testbed: Any, tmp_path: Path, job_file: Path, small_corpus: Path
+) -> None:
+    job = load_job(job_file, [f"run.root={tmp_path}", f"data.path={small_corpus}"])
+    planned = plan(job, testbed.client, test_only=True)
     assert planned.test_only is not None, planned.notes
     assert hostlist.expand_hostlist(planned.test_only.nodelist)
 
@@ -164,9 +167,9 @@ def test_cancel_ends_a_running_job(testbed: Any, tmp_path: Path, payload: Path) 
     assert wait_state(testbed, done.job_id, 30) is JobState.CANCELLED
 
 
-def test_hostile_job_name_reaches_slurm_verbatim(testbed: Any, tmp_path: Path) -> None:
+def test_hostile_job_name_reaches_slurm_verbatim(testbed: Any, tmp_path: Path, small_corpus: Path) -> None:
     name = 'x"; touch pwned; echo " #$(id) `id` \\ it\'s'
-    job = load_job(TESTBED_JOB, [f"run.root={tmp_path}", "placement.topology_aware=false"])
+    job = load_job(TESTBED_JOB, [f"run.root={tmp_path}", "placement.topology_aware=false", f"data.path={small_corpus}"])
     job = job.model_copy(update={"run": job.run.model_copy(update={"name": name})})
     planned = plan(job, None)
     script = tmp_path / "hostile.sbatch"
@@ -183,10 +186,12 @@ def test_hostile_job_name_reaches_slurm_verbatim(testbed: Any, tmp_path: Path) -
     assert not list(tmp_path.rglob("pwned")) and not Path("pwned").exists()
 
 
-def test_submitit_executor_runs_on_the_testbed(testbed: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_submitit_executor_runs_on_the_testbed(
+    testbed: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_corpus: Path
+) -> None:
     # submitit runs sbatch itself with this process's environment, not through our client.
     monkeypatch.setenv("SLURM_CONF", testbed.env["SLURM_CONF"])
-    job = load_job(TESTBED_JOB, [f"run.root={tmp_path}", "run.name=submitit"])
+    job = load_job(TESTBED_JOB, [f"run.root={tmp_path}", "run.name=submitit", f"data.path={small_corpus}"])
     done = submit(job, "submitit", testbed.client, entry=Entry)
     assert wait_state(testbed, done.job_id, 90) is JobState.COMPLETED
     assert (done.run_dir / "submitit").is_dir()

@@ -45,15 +45,22 @@ class Fails:
         raise RuntimeError("boom in the payload")
 
 
-def local_job(tmp_path: Path, name: str):
+def local_job(tmp_path: Path, name: str, corpus: Path):
     job = load_job(
-        LOCAL_JOB, [f"run.root={tmp_path}", f"run.name={name}", "resources.tasks_per_node=2", "parallel.pp=1"]
+        LOCAL_JOB,
+        [
+            f"run.root={tmp_path}",
+            f"run.name={name}",
+            f"data.path={corpus}",
+            "resources.tasks_per_node=2",
+            "parallel.pp=1",
+        ],
     )
     return job.model_copy(update={"env": {**job.env, "AIR_HPC_PROBE": "it's $(not run)"}})
 
 
-def test_local_executor_runs_waits_and_reports(tmp_path: Path) -> None:
-    done = submit(local_job(tmp_path, "ok"), "local", FakeSlurm(), entry=Steps)
+def test_local_executor_runs_waits_and_reports(tmp_path: Path, small_corpus: Path) -> None:
+    done = submit(local_job(tmp_path, "ok", small_corpus), "local", FakeSlurm(), entry=Steps)
     assert done.handle is not None
     wait_local(done)
     assert sorted(done.handle.results()) == ["rank 0", "rank 1"]
@@ -63,8 +70,8 @@ def test_local_executor_runs_waits_and_reports(tmp_path: Path) -> None:
     assert (done.run_dir / "submitit").is_dir() and RunDir(done.run_dir).job_json.is_file()
 
 
-def test_local_executor_failure_is_reported(tmp_path: Path) -> None:
-    done = submit(local_job(tmp_path, "fails"), "local", FakeSlurm(), entry=Fails)
+def test_local_executor_failure_is_reported(tmp_path: Path, small_corpus: Path) -> None:
+    done = submit(local_job(tmp_path, "fails", small_corpus), "local", FakeSlurm(), entry=Fails)
     with pytest.raises(TrainingFailed, match="failed"):
         wait_local(done)
     assert run_status(RunDir(done.run_dir), FakeSlurm()).job.state is JobState.FAILED
