@@ -140,6 +140,8 @@ def _wait_and_summarize(done: Any, client: Any, as_json: bool) -> None:
         _echo_json(status.to_json())
     else:
         click.echo(_summary(status))
+        if status.progress is not None:
+            click.echo(f"progress {status.progress.describe()}")
     if not status.job.state.succeeded:
         raise TrainingFailed(describe_failure(status.job))
 
@@ -157,8 +159,6 @@ def _summary(status: Any) -> str:
     lines.append(f"restarts {status.restarts}")
     if status.job.exit_code is not None:
         lines.append(f"exit     {status.job.exit_code}")
-    if status.progress is not None:
-        lines.append(f"progress {status.progress.describe()}")
     if status.bad_nodes:
         lines.append(f"bad      {','.join(status.bad_nodes)}")
     return "\n".join(lines)
@@ -196,25 +196,16 @@ def status(target: str | None, as_json: bool) -> None:
             )
         return
     result = run_status(resolve_run(target), client)
-    progress = _run_progress(result.run_dir)
     if as_json:
-        _echo_json({**result.to_json(), "run_progress": progress.to_json() if progress else None})
-    else:
-        click.echo(_summary(result))
-        if progress is not None:
-            from rich.console import Console
+        _echo_json(result.to_json())
+        return
+    click.echo(_summary(result))
+    if result.progress is not None:
+        from rich.console import Console
 
-            from air_hpc.observe.progress import progress_view
+        from air_hpc.observe.progress import progress_view
 
-            Console().print(progress_view(progress))
-
-
-def _run_progress(run_dir: Any) -> Any:
-    """Step / total, tokens/s, ETA, restarts and the last checkpoint, from the run's files (None before step 1)."""
-    from air_hpc.observe.progress import run_progress
-    from air_hpc.observe.records import load_records
-
-    return run_progress(load_records(run_dir), time.time())
+        Console().print(progress_view(result.progress))
 
 
 @click.command()

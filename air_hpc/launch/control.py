@@ -7,12 +7,16 @@ controller's process and result files.
 
 import os
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from air_hpc.errors import UserError
-from air_hpc.launch.runs import Progress, SubmissionRecord, bad_nodes, latest_submission, progress
+from air_hpc.health.badnodes import read_bad_nodes
+from air_hpc.launch.runs import SubmissionRecord, latest_submission
+from air_hpc.observe.progress import RunProgress, run_progress
+from air_hpc.observe.records import load_records
 from air_hpc.render.spec import batch_log_paths
 from air_hpc.rundir import RunDir
 from air_hpc.slurm.client import SlurmClient
@@ -24,7 +28,7 @@ class RunStatus:
     run_dir: RunDir
     submission: SubmissionRecord
     job: JobStatus
-    progress: Progress | None
+    progress: RunProgress | None
     bad_nodes: tuple[str, ...]
 
     @property
@@ -41,13 +45,6 @@ class RunStatus:
             "progress": self.progress.to_json() if self.progress else None,
             "bad_nodes": list(self.bad_nodes),
         }
-
-
-def _total_steps(run_dir: RunDir) -> int | None:
-    try:
-        return run_dir.read_job().train.steps
-    except UserError:
-        return None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -88,7 +85,8 @@ def run_status(run_dir: RunDir, client: SlurmClient) -> RunStatus:
         if found is None:
             raise UserError(f"job {record.job_id} of run {run_dir.path}: neither squeue nor sacct knows it")
         job = found
-    return RunStatus(run_dir, record, job, progress(run_dir, _total_steps(run_dir)), bad_nodes(run_dir))
+    progress = run_progress(load_records(run_dir), time.time())
+    return RunStatus(run_dir, record, job, progress, read_bad_nodes(run_dir.bad_nodes))
 
 
 def log_files(run_dir: RunDir, record: SubmissionRecord, rank: int | None = None) -> list[Path]:

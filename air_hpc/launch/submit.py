@@ -26,7 +26,8 @@ from typing import Any
 from air_hpc.config.models import JobConfig
 from air_hpc.errors import AirHpcError, ConfigError, SlurmUnreachableError, TopologyError
 from air_hpc.exitcodes import ExitCode
-from air_hpc.launch.runs import Executor, bad_nodes, record_submission
+from air_hpc.health.badnodes import read_bad_nodes
+from air_hpc.launch.runs import Executor, record_submission
 from air_hpc.render import NodeRequest, SbatchSpec, build_spec, job_environment, render_script
 from air_hpc.render.quoting import shell_quote
 from air_hpc.rundir import RunDir
@@ -91,7 +92,7 @@ def node_request(job: JobConfig, available: set[str] | None = None) -> tuple[Nod
     from air_hpc.topology import hostlists
 
     run_dir = RunDir.of(job)
-    bad = bad_nodes(run_dir)
+    bad = read_bad_nodes(run_dir.bad_nodes)
     exclude = hostlists.compress(bad) if bad else None
     topo = job.cluster.topology_file
     if not job.placement.topology_aware or topo is None:

@@ -168,7 +168,7 @@ def test_status_shows_the_progress_bar_and_its_numbers(tmp_path: Path, capsys: p
     record_submission(run_dir, job_id, "slurm")
     fake.start(job_id, "n[1-2]")
     cli.main(args=["status", str(run_dir.path), "--json"], standalone_mode=False, obj={"slurm_client": fake})
-    shown = json.loads(capsys.readouterr().out)["run_progress"]
+    shown = json.loads(capsys.readouterr().out)["progress"]
     assert (shown["step"], shown["total_steps"], shown["restarts"], shown["last_checkpoint_step"]) == (10, 20, 1, 10)
     cli.main(args=["status", str(run_dir.path)], standalone_mode=False, obj={"slurm_client": fake})
     text = capsys.readouterr().out

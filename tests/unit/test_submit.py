@@ -8,8 +8,10 @@ import pytest
 from air_hpc.cli.main import cli
 from air_hpc.config import load_job
 from air_hpc.errors import ConfigError, SlurmUnreachableError, TopologyError, UserError
-from air_hpc.launch.runs import Progress, latest_submission, progress, record_submission, submissions
+from air_hpc.launch.runs import latest_submission, record_submission, submissions
 from air_hpc.launch.submit import plan, submit
+from air_hpc.observe.progress import run_progress
+from air_hpc.observe.records import load_records
 from air_hpc.rundir import RunDir
 from air_hpc.slurm.fake import FakeSlurm
 from air_hpc.slurm.jobs import JobState
@@ -248,7 +250,8 @@ def test_run_records_survive_a_torn_last_line(tmp_path: Path) -> None:
     run.metrics.write_text('{"step": 3, "loss": 1.5}\n{"step": 4, "lo')
     (record,) = submissions(run)
     assert (record.job_id, record.starts) == ("7", 1)
-    assert progress(run, 10) == Progress(step=3, total_steps=10, loss=1.5, tokens_per_s=None)
+    progress = run_progress(load_records(run), now_s=10.0)
+    assert progress is not None and (progress.step, progress.loss) == (3, 1.5)
 
 
 def test_missing_corpus_is_one_line_at_submit_time(tmp_path: Path) -> None:
