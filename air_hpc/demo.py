@@ -15,8 +15,7 @@ from pathlib import Path
 from air_hpc.config import load_job
 from air_hpc.errors import AirHpcError
 from air_hpc.launch import submit as submitting
-from air_hpc.launch.runs import read_jsonl
-from air_hpc.rundir import RunDir
+from air_hpc.rundir import RunDir, read_jsonl
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.testbed import Testbed
 

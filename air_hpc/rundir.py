@@ -15,11 +15,16 @@ status/logs/report) goes through :class:`RunDir`, so the layout lives here only:
       checkpoints/       step_0000123/ directories and the `latest` pointer
 """
 
+import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from air_hpc.config.load import validate_json
 from air_hpc.config.models import JobConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -75,3 +80,23 @@ class RunDir:
 
     def read_job(self) -> JobConfig:
         return validate_json(self.job_json)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The objects of a JSON-lines run file; a line torn by a killed writer is skipped with a warning."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            log.warning("%s:%d: skipping a line that is not JSON (torn write?)", path, number)
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows

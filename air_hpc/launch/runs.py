@@ -10,10 +10,10 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from air_hpc.errors import UserError
-from air_hpc.rundir import RunDir
+from air_hpc.rundir import RunDir, read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -35,26 +35,6 @@ def record_submission(run_dir: RunDir, job_id: str, executor: Executor, now_s: f
     run_dir.path.mkdir(parents=True, exist_ok=True)
     with run_dir.submissions.open("a") as out:
         out.write(json.dumps(line, sort_keys=True) + "\n")
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """JSON lines; a torn last line (a writer killed mid-write) is skipped, not an error."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return []
-    rows = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            log.warning("%s:%d: skipping unreadable line", path, number)
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
 
 
 def submissions(run_dir: RunDir) -> list[SubmissionRecord]:

@@ -4,13 +4,11 @@
 in one place and torn or foreign lines are skipped the same way everywhere.
 """
 
-import json
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from air_hpc.rundir import RunDir
+from air_hpc.rundir import RunDir, read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -55,25 +53,6 @@ class RunRecords:
 
     def of_kind(self, *kinds: str) -> tuple[Event, ...]:
         return tuple(e for e in self.events if e.kind in kinds)
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return []
-    rows = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            log.warning("%s:%d: skipping a line that is not JSON (torn write?)", path, number)
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
 
 
 def _float(value: Any) -> float | None:
@@ -121,15 +100,15 @@ def start_times(events: tuple[Event, ...], submissions: list[dict[str, Any]]) ->
 
 
 def load_records(run_dir: RunDir) -> RunRecords:
-    events = parse_events(_jsonl(run_dir.events))
+    events = parse_events(read_jsonl(run_dir.events))
     total = tokens = None
     if run_dir.job_json.is_file():
         job = run_dir.read_job()
         total, tokens = job.train.steps, job.train.global_batch_size * job.model.seq_len
     return RunRecords(
-        steps=parse_steps(_jsonl(run_dir.metrics)),
+        steps=parse_steps(read_jsonl(run_dir.metrics)),
         events=events,
-        starts_s=start_times(events, _jsonl(run_dir.submissions)),
+        starts_s=start_times(events, read_jsonl(run_dir.submissions)),
         total_steps=total,
         tokens_per_step=tokens,
     )

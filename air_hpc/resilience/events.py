@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from air_hpc.rundir import read_jsonl
+
 log = logging.getLogger(__name__)
 
 
@@ -39,14 +41,4 @@ class EventLog:
 
 def read_events(path: Path) -> list[dict[str, Any]]:
     """All events of a log; a torn last line (crash mid-write) is skipped with a warning."""
-    if not path.exists():
-        return []
-    events = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            log.warning("%s:%d: skipping a line that is not JSON (torn write?)", path, number)
-    return events
+    return read_jsonl(path)

@@ -21,10 +21,9 @@ import pytest
 from air_hpc.config import load_job
 from air_hpc.config.models import JobConfig
 from air_hpc.health.badnodes import read_bad_nodes
-from air_hpc.launch.runs import read_jsonl
 from air_hpc.launch.submit import plan, submit
 from air_hpc.resilience.events import read_events
-from air_hpc.rundir import RunDir
+from air_hpc.rundir import RunDir, read_jsonl
 from air_hpc.slurm.jobs import JobState
 
 pytestmark = pytest.mark.integration

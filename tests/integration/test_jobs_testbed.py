@@ -20,9 +20,9 @@ import pytest
 from air_hpc.config import load_job
 from air_hpc.exitcodes import ExitCode
 from air_hpc.launch.control import run_status
-from air_hpc.launch.runs import read_jsonl, record_submission
+from air_hpc.launch.runs import record_submission
 from air_hpc.launch.submit import Submission, plan, submit
-from air_hpc.rundir import RunDir
+from air_hpc.rundir import RunDir, read_jsonl
 from air_hpc.slurm.jobs import JobState
 
 pytestmark = pytest.mark.integration
