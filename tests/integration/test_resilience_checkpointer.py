@@ -1,0 +1,110 @@
+"""The Checkpointer's own paths on one real gloo rank (in this process): async commit, writer failures.
+
+One rank is enough for what multi-rank runs cannot easily provoke: a background writer that
+dies, a sync write that raises. Both must fail the save loudly on every rank (here: the one),
+leave the previous checkpoint as the latest, and let the next save succeed.
+"""
+
+import contextlib
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from air_hpc.errors import CheckpointError
+from air_hpc.resilience import state
+from air_hpc.resilience.checkpointer import Checkpointer
+from air_hpc.resilience.events import EventLog, read_events
+from air_hpc.resilience.store import CheckpointStore
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def model() -> Iterator[Any]:
+    """gpt-tiny on one gloo rank (TP1 x PP1), built by the trainer's own code."""
+    import torch
+
+    from air_hpc.config import load_job
+    from air_hpc.train import cpu_compat, parallel
+    from air_hpc.train import model as model_mod
+
+    torch.set_num_threads(1)
+    job = load_job(
+        REPO / "configs/jobs/gpt-tiny-local.yaml",
+        ["resources.tasks_per_node=1", "parallel.tp=1", "parallel.pp=1", "train.global_batch_size=2"],
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    env = parallel.DistEnv(0, 1, 0, "127.0.0.1", port, "localhost")
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(cpu_compat.patched())
+        ctx = stack.enter_context(parallel.distributed(env, job.layout, "gloo", 60))
+        parallel.seed(ctx, job.train.seed)
+        built = model_mod.build(job, ctx)
+        built.optimizer.step()  # zero gradients: creates Adam's state, as any real step would
+        yield built
+
+
+def save(ckpt: Checkpointer, model: Any, step: int, sync: bool) -> None:
+    ckpt.save(step, model.chunks, model.optimizer, model.scheduler, {"consumed_samples": step}, sync=sync)
+
+
+def test_async_save_commits_after_poll_and_wait(model: Any, tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "checkpoints", keep_last=2)
+    ckpt = Checkpointer(store, EventLog(tmp_path / "events.jsonl"), async_save=True)
+    save(ckpt, model, 1, sync=False)
+    assert ckpt.writing and store.committed_steps() == []  # nothing visible before the commit
+    while not ckpt.poll():
+        pass
+    ckpt.wait()
+    assert store.latest_complete() == 1 and not ckpt.busy
+    for step in (2, 3):
+        save(ckpt, model, step, sync=False)
+    ckpt.close()
+    assert store.committed_steps() == [2, 3]  # keep_last=2, applied after each commit
+    saved = [e for e in read_events(tmp_path / "events.jsonl") if e["kind"] == "checkpoint_saved"]
+    assert [e["step"] for e in saved] == [1, 2, 3] and all(e["async"] for e in saved)
+
+
+def _failing_write(request: Any, stage_to_host: bool = False, results: Any = None) -> None:
+    raise OSError(28, "No space left on device")
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_a_failed_write_fails_the_save_and_keeps_the_previous_checkpoint(
+    model: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync: bool
+) -> None:
+    store = CheckpointStore(tmp_path / "checkpoints", keep_last=5)
+    events = EventLog(tmp_path / "events.jsonl")
+    ckpt = Checkpointer(store, events, async_save=True)
+    save(ckpt, model, 1, sync=True)
+    with monkeypatch.context() as patch:
+        patch.setattr(state, "run_request", _failing_write)  # the forked writer inherits it
+        with pytest.raises(CheckpointError, match="saving step 2 failed"):
+            save(ckpt, model, 2, sync=sync)  # a sync save fails here; an async one at the next wait/poll
+            ckpt.wait()
+    assert store.latest_complete() == 1 and store.latest_pointer() == 1
+    assert [p.name for p in store.partial()] == [".tmp-step_0000002"]
+    failed = [e for e in read_events(events.path) if e["kind"] == "checkpoint_failed"]
+    assert failed[0]["step"] == 2 and ("No space left" in failed[0]["why"] or "writer" in failed[0]["why"])
+    save(ckpt, model, 3, sync=sync)  # the next save cleans up and succeeds
+    ckpt.close()
+    assert store.committed_steps() == [1, 3] and store.partial() == []
+
+
+def test_resume_finds_the_newest_and_restores_progress(model: Any, tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "checkpoints", keep_last=5)
+    ckpt = Checkpointer(store, EventLog(tmp_path / "events.jsonl"), async_save=False)
+    assert ckpt.resume(model.chunks, model.optimizer, model.scheduler) is None  # the first start
+    save(ckpt, model, 4, sync=True)
+    loaded = ckpt.resume(model.chunks, model.optimizer, model.scheduler)
+    assert loaded is not None and loaded.step == 4 and loaded.extra == {"consumed_samples": 4}
+    assert loaded.rng_restored and not loaded.layout_changed
+    assert os.path.isfile(store.path(4) / state.STATE_FILE)
