@@ -340,6 +340,7 @@ def testbed_preemption(args: argparse.Namespace) -> None:
     print()
     print(f"seconds signal -> first resumed step  {total:6.1f}  (target <= 20: {'ok' if total <= 20 else 'MISSED'})")
     print(f"steps lost                            {lost:6d}  (target <= 1: {'ok' if lost <= 1 else 'MISSED'})")
+    print(f"run directory: {run.path}")
     client.scancel(done.job_id)
 
 
