@@ -15,6 +15,7 @@ commit, on every rank (an early exit of one rank would let ``srun`` kill the
 committing one).
 """
 
+import gc
 import logging
 import multiprocessing
 import os
@@ -77,10 +78,12 @@ class _Collect:
 def _background_writer(request: Any, staging: Path, rank: int, conn: Connection) -> None:
     """The forked writer of an async save: write, hash, send the write results to the rank, exit.
 
-    Runs at a lower CPU priority so that on a busy node the training ranks keep their cores.
+    Runs at a lower CPU priority so that on a busy node the training ranks keep their cores, and
+    without garbage collection.
     It inherits the rank's signal handlers, which only set a flag: a preemption signal sent to
     every process of the job step does not kill a write in progress.
     """
+    gc.disable()  # a collection here could free the parent's CUDA tensors from a forked child (Megatron does the same)
     os.nice(_WRITER_NICENESS)
     collected = _Collect()
     _write_and_hash(request, staging, rank, False, collected)
