@@ -2,17 +2,23 @@
 
 All methods are collective: every rank calls them at the same step.
 
-Async save: the ranks plan the save together (Megatron ``dist_checkpointing``),
-stage their shards in host memory (GPU tensors are copied to the host; on the
-CPU a ``fork`` gives the writer a copy-on-write snapshot), and a forked writer
-process per rank writes and fsyncs them while training continues. At each
-:meth:`Checkpointer.poll` the ranks agree (one all-reduce) whether every writer
-has finished; then they finalize together (``.metadata``), and rank 0 commits
-in a background thread: hashes, manifest, rename, ``latest``. So ``latest``
-moves only once the data is durable, and a new save first waits for the
-previous one. A preemption save passes ``sync=True`` and returns only after the
-commit, on every rank (an early exit of one rank would let ``srun`` kill the
-committing one).
+Save: rank 0 clears leftovers of interrupted saves; the ranks plan together (Megatron
+``dist_checkpointing``, which also writes ``common.pt``); each rank writes its shards, fsyncs
+them and records their sha256 (``.sha256-rank<R>.json``) while they are in its page cache;
+the ranks finalize together (``.metadata``); rank 0 commits: manifest last, rename, ``latest``.
+
+- ``sync=True`` (preemption, final): all of that before returning, on every rank: an early
+  exit of one rank would let ``srun --kill-on-bad-exit`` kill the one still committing.
+- async: GPU tensors are copied to host memory (on the CPU the ``fork`` gives a copy-on-write
+  snapshot) and a forked writer per rank writes and hashes in the background, at a lower CPU
+  priority; it sends Megatron's write results back through a pipe. :meth:`Checkpointer.poll`
+  (every step) agrees with one all-reduce whether all writers have reported, then finalizes;
+  rank 0 commits in a background thread. ``latest`` moves only after the data is durable, and
+  a new save first waits for the previous one.
+
+Retention (deleting old checkpoints) runs in rank 0's background thread after each commit.
+Resume: rank 0 lists the committed steps; every rank checks all sizes and hashes its share of
+the files of the newest one; the first that passes everywhere is loaded on all ranks.
 """
 
 import gc
