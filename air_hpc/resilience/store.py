@@ -15,11 +15,12 @@ name afterwards. The ``latest`` pointer is a convenience for people and tools;
 :meth:`CheckpointStore.resolve` trusts the manifests, so a crash between the
 rename and the pointer update loses nothing.
 
-Verification cost is hashing. Sizes are checked on every listing and load;
-sha256 is checked by ``air-hpc ckpt verify`` and, by default, on the one
-checkpoint a run resumes from (``checkpoint.verify`` selects ``size`` to skip it
-on file systems where re-reading is expensive). Hashing runs in a thread pool:
-``hashlib`` releases the GIL on large buffers.
+Verification cost is hashing, so it is spread out: each writer hashes its own files right
+after writing them (page cache, in parallel across ranks and nodes, in the background for
+async saves) and :meth:`CheckpointStore.commit` only merges those records. Sizes are checked
+on every listing and load; sha256 by ``air-hpc ckpt verify`` and, by default, on the one
+checkpoint a run resumes from, split over the ranks (``verify(share=...)``);
+``checkpoint.verify: size`` skips that where re-reading is expensive.
 """
 
 import hashlib
