@@ -1,8 +1,9 @@
-"""The Checkpointer's own paths on one real gloo rank (in this process): async commit, writer failures.
+"""The Checkpointer's own paths on one real gloo rank (in this process), and the stop agreement on two.
 
 One rank is enough for what multi-rank runs cannot easily provoke: a background writer that
 dies, a sync write that raises. Both must fail the save loudly on every rank (here: the one),
-leave the previous checkpoint as the latest, and let the next save succeed.
+leave the previous checkpoint as the latest, and let the next save succeed. Two processes
+show that a signal on one rank, or a deadline on one rank's clock, stops both, for one reason.
 """
 
 import contextlib
@@ -108,3 +109,45 @@ def test_resume_finds_the_newest_and_restores_progress(model: Any, tmp_path: Pat
     assert loaded is not None and loaded.step == 4 and loaded.extra == {"consumed_samples": 4}
     assert loaded.rng_restored and not loaded.layout_changed
     assert os.path.isfile(store.path(4) / state.STATE_FILE)
+
+
+def agree_worker(rank: int, port: int, out: str) -> None:
+    """Rank 1 got a signal, rank 0's clock says the deadline passed: what does each rank decide?"""
+    import json
+
+    import torch.distributed as dist
+
+    from air_hpc.resilience.signals import Deadline, StopRequest, agree, agree_stop
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    stop = StopRequest()
+    quiet = agree_stop(stop, Deadline(100.0, "explicit"), now_s=50.0)
+    late = agree_stop(stop, Deadline(100.0, "explicit"), now_s=150.0 if rank == 0 else 50.0)
+    if rank == 1:
+        stop._handle(12, None)
+    signalled = agree_stop(stop, Deadline(100.0, "explicit"), now_s=150.0 if rank == 0 else 50.0)
+    flags = [agree(rank == 1), agree(False)]
+    dist.destroy_process_group()
+    Path(out).write_text(json.dumps([quiet, late, signalled, *flags]))
+
+
+def test_ranks_agree_on_stopping_and_why(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    code = "import sys; from tests.integration.test_resilience_checkpointer import agree_worker as w; "
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code + f"w({rank}, {port}, sys.argv[1])", str(tmp_path / f"{rank}.json")],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+        )
+        for rank in range(2)
+    ]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    decisions = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2)]
+    assert decisions == [[None, "deadline", "signal", True, False]] * 2
