@@ -82,6 +82,7 @@ def submit(
     job = load_job(job_file, overrides)
     client = _client()
     if dry_run:
+        submitting.check_data(job)
         planned = submitting.plan(job, None if executor == "local" else client, python=python, test_only=True)
         _report_dry_run(planned, as_json)
         return

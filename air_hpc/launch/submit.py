@@ -152,16 +152,10 @@ def plan(
 ) -> Plan:
     """Choose nodes (live state when a client is given), render, and optionally ``sbatch --test-only`` it.
 
-    The training data is checked against the model first, so a missing or short
-    corpus is one line at submit time, not a failed job. ``test_only`` is skipped
-    with a note when the controller does not answer: the render itself needs no
-    cluster. ``step_command`` replaces the training step (tests run small
-    payloads through the same script).
+    ``test_only`` is skipped with a note when the controller does not answer:
+    the render itself needs no cluster. ``step_command`` replaces the training
+    step (tests run small payloads through the same script).
     """
-    if step_command is None:
-        from air_hpc.train.data import check_for_training
-
-        check_for_training(job.data.path, job.model.seq_len, job.model.vocab_size)
     available = None
     notes: list[str] = []
     if client is not None and job.placement.topology_aware and job.cluster.topology_file:
@@ -183,6 +177,13 @@ def plan(
             except SlurmUnreachableError as exc:
                 notes.append(f"sbatch --test-only skipped: {exc}")
     return Plan(job, request, spec, script, checked, tuple(notes))
+
+
+def check_data(job: JobConfig) -> None:
+    """The training data against the model, so a missing or short corpus is one line now, not a failed job."""
+    from air_hpc.train.data import check_for_training
+
+    check_for_training(job.data.path, job.model.seq_len, job.model.vocab_size)
 
 
 def write_run(plan_: Plan) -> RunDir:
@@ -209,6 +210,8 @@ def submit(
         raise ConfigError(
             f"resources.nodes: the local executor runs on one node, the job asks for {job.resources.nodes}"
         )
+    if step_command is None:
+        check_data(job)
     plan_ = plan(
         job,
         None if executor == "local" else client,
