@@ -117,6 +117,7 @@ class SbatchSpec:
             "master_port_span": MASTER_PORT_SPAN,
             "hostfile_name": HOSTFILE_NAME,
             "bad_nodes_name": RunDir(self.run_dir).bad_nodes.name,
+            "events_name": RunDir(self.run_dir).events.name,
             "heartbeat_name": RunDir(self.run_dir).heartbeat.name,
             "exit_code_file": EXIT_CODE_FILE,
             "exit_hung": int(ExitCode.HUNG),

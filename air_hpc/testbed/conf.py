@@ -7,6 +7,8 @@ from pathlib import Path
 #: so every emulated node looks the same whatever the host has.
 NODE_CPUS = 4
 NODE_MEMORY_MB = 4096
+#: How long a requeued job must wait before it may start again (Slurm: 120 s by default).
+CRED_EXPIRE_S = 5
 
 
 @dataclass(frozen=True)
@@ -92,12 +94,15 @@ class Layout:
 
 
 def slurm_conf(layout: Layout, ports: Ports, nodes: list[str], ctld_host: str, cluster: str) -> str:
-    auth = f"socket={layout.munge_socket},cred_expire=10"
+    auth = f"socket={layout.munge_socket},cred_expire={CRED_EXPIRE_S}"
     lines = [
         "# Written by air-hpc testbed up; every daemon listens on loopback only.",
         f"ClusterName={cluster}",
         f"SlurmctldHost={ctld_host}(127.0.0.1)",
         f"SlurmctldPort={ports.slurmctld}",
+        # Testbeds side by side start at different job ids, so ports derived from the job id
+        # (MASTER_PORT) do not collide between their jobs on this one host.
+        f"FirstJobId={first_job_id(ports.slurmctld)}",
         "SlurmUser=root",
         "SlurmdUser=root",
         "AuthType=auth/munge",
@@ -146,6 +151,10 @@ def slurm_conf(layout: Layout, ports: Ports, nodes: list[str], ctld_host: str, c
         )
     lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
     return "\n".join(lines) + "\n"
+
+
+def first_job_id(ctld_port: int) -> int:
+    return 1 + 1000 * (ctld_port % 20)
 
 
 def slurmdbd_conf(layout: Layout, ports: Ports) -> str:

@@ -112,6 +112,10 @@ def test_signal_is_forwarded_to_the_step_which_requeues(tmp_path: Path, stubs: P
     assert b"got-usr2" in out
     assert b"forwarding to the training step" in err
     assert requeued(tmp_path) == ["4242"]
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    assert [(e["kind"], e["job_id"]) for e in events] == [("signal", "4242"), ("requeue", "4242")]
+    assert events[0]["signal"] == "SIGUSR2" and events[1]["exit_code"] == ExitCode.REQUEUE
+    assert events[0]["time"] <= events[1]["time"]
 
 
 def test_start_is_recorded_and_master_derived(tmp_path: Path, stubs: Path) -> None:
