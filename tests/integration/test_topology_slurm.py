@@ -8,7 +8,6 @@ munge, starts in about a second, and is stopped by the test that started it.
 import json
 import random
 import re
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,10 +22,7 @@ from air_hpc.topology.fabric import Fabric
 from air_hpc.topology.ibnetdiscover import import_ibnetdiscover
 from air_hpc.topology.select import select_nodes
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(shutil.which("slurmctld") is None, reason="needs slurmctld and scontrol (scripts/setup.sh)"),
-]
+pytestmark = pytest.mark.integration
 
 DATA = Path(__file__).parent.parent / "data" / "topology"
 
