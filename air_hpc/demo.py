@@ -99,8 +99,9 @@ def run_demo(
 
     final = submitting.wait_slurm(client, submission.job_id, poll_s=1.0, on_change=show)
     for event in read_jsonl(run_dir.events) if run_dir.events.exists() else []:
-        if event.get("kind") in {"stop", "checkpoint_saved", "resume"}:
-            details = ", ".join(f"{k}={event[k]}" for k in ("step", "reason", "seconds") if k in event)
+        if event.get("kind") in {"signal", "stop", "checkpoint_saved", "requeue", "resume"}:
+            shown = ("step", "reason", "seconds", "signal", "exit_code")
+            details = ", ".join(f"{k}={event[k]}" for k in shown if k in event)
             echo(f"  {event['kind']}: {details}")
     if final.state.value != "COMPLETED":
         raise AirHpcError(submitting.describe_failure(final) + f"; see {run_dir.logs}")
