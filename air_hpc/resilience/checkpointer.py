@@ -145,9 +145,15 @@ class Checkpointer:
         sync: bool = False,
         reason: str = "interval",
     ) -> None:
-        """Save ``step``; async unless ``sync`` or async is off. Returns when training may continue."""
+        """Save ``step``; async unless ``sync`` or async is off. Returns when training may continue.
+
+        A synchronous save (a preemption's) does not wait for an async save still being written: it
+        supersedes it, so the writers are stopped and the older step is left as a partial checkpoint.
+        """
         import torch.distributed as dist
 
+        if sync:
+            self._abandon_unfinished_write(step)
         self.wait()
         started = time.perf_counter()
         state.drain(self._results)
@@ -212,6 +218,25 @@ class Checkpointer:
         self._pending = None
         self._finish(pending, sync=False)
         return True
+
+    def _abandon_unfinished_write(self, superseded_by: int) -> None:
+        """Stop an async save that any rank is still writing (all ranks agree), keeping one already written."""
+        pending = self._pending
+        if pending is None:
+            return
+        writing = pending.conn is not None and not pending.conn.poll()
+        if not agree(writing):
+            return
+        self._pending = None
+        if pending.process is not None and pending.process.is_alive():
+            pending.process.kill()
+        if pending.process is not None:
+            pending.process.join()
+        if pending.conn is not None:
+            pending.conn.close()
+        log.warning("step %d: the async save of step %d is superseded before it finished", superseded_by, pending.step)
+        if self.rank == 0:
+            self._emit("checkpoint_skipped", step=pending.step, why=f"superseded by the save of step {superseded_by}")
 
     def wait(self) -> None:
         """Block until the in-flight save (if any) is durable and committed."""

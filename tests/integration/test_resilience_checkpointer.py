@@ -9,6 +9,7 @@ show that a signal on one rank, or a deadline on one rank's clock, stops both, f
 import contextlib
 import os
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,30 @@ def test_a_failed_write_fails_the_save_and_keeps_the_previous_checkpoint(
     save(ckpt, model, 3, sync=sync)  # the next save cleans up and succeeds
     ckpt.close()
     assert store.committed_steps() == [1, 3] and store.partial() == []
+
+
+def _stuck_write(request: Any, stage_to_host: bool = False, results: Any = None) -> None:
+    time.sleep(3600)
+
+
+def test_a_preemption_save_supersedes_an_unfinished_async_write(
+    model: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = CheckpointStore(tmp_path / "checkpoints", keep_last=5)
+    events = EventLog(tmp_path / "events.jsonl")
+    ckpt = Checkpointer(store, events, async_save=True)
+    with monkeypatch.context() as patch:
+        patch.setattr(state, "run_request", _stuck_write)  # the forked writer inherits it and never reports
+        save(ckpt, model, 2, sync=False)
+    writer = ckpt._pending.process if ckpt._pending else None
+    started = time.monotonic()
+    save(ckpt, model, 3, sync=True)  # must not wait for the stuck writer
+    ckpt.close()
+    assert time.monotonic() - started < 60
+    assert writer is not None and not writer.is_alive()
+    assert store.committed_steps() == [3] and store.latest_complete() == 3
+    skipped = [e for e in read_events(events.path) if e["kind"] == "checkpoint_skipped"]
+    assert [(e["step"], e["why"]) for e in skipped] == [(2, "superseded by the save of step 3")]
 
 
 def test_resume_finds_the_newest_and_restores_progress(model: Any, tmp_path: Path) -> None:
