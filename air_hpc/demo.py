@@ -17,6 +17,7 @@ from air_hpc.errors import AirHpcError
 from air_hpc.launch import submit as submitting
 from air_hpc.rundir import RunDir, read_jsonl
 from air_hpc.slurm.client import SlurmClient
+from air_hpc.slurm.jobs import JobStatus
 from air_hpc.testbed import Testbed
 
 log = logging.getLogger(__name__)
@@ -91,11 +92,8 @@ def run_demo(
     client.run(["scancel", f"--signal={job.resilience.signal}", "--batch", submission.job_id], retry=False)
     echo(f"preempting at step {reached}: scancel --signal={job.resilience.signal} --batch {submission.job_id}")
 
-    def show(change: object) -> None:
-        echo(
-            f"  job {submission.job_id}: {getattr(change, 'state', change)}, "
-            f"restarts {getattr(change, 'restarts', '?')}"
-        )
+    def show(change: JobStatus) -> None:
+        echo(f"  job {submission.job_id}: {change.state}, restarts {change.restarts}")
 
     final = submitting.wait_slurm(client, submission.job_id, poll_s=1.0, on_change=show)
     for event in read_jsonl(run_dir.events) if run_dir.events.exists() else []:

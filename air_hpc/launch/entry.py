@@ -8,7 +8,6 @@ latest complete checkpoint (resume is the normal start).
 import contextlib
 import logging
 import os
-import random
 import signal
 import socket
 from collections.abc import Mapping
@@ -21,6 +20,7 @@ import submitit
 from air_hpc.errors import ConfigError
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.guard import rank_guard, record_verdict
+from air_hpc.render.spec import master_port
 from air_hpc.rundir import RunDir
 from air_hpc.train.parallel import DistEnv, apply_rank_order
 
@@ -30,18 +30,13 @@ log = logging.getLogger(__name__)
 RANK_ORDER_ENV = "SLURM_HOSTFILE"
 
 
-def master_port_for(job_id: str) -> int:
-    """A port derived from the job id: stable across requeues, spread across jobs (as submitit does)."""
-    return random.Random(job_id).randint(20000, 60000)
-
-
 def dist_env_from_slurm(environ: Mapping[str, str]) -> DistEnv:
     """Rank, world and rendezvous of an ``srun`` task, from its ``SLURM_*`` (and ``MASTER_*``) variables."""
     try:
         rank = int(environ["SLURM_PROCID"])
         world = int(environ["SLURM_NTASKS"])
         local_rank = int(environ["SLURM_LOCALID"])
-        job_id = environ["SLURM_JOB_ID"]
+        job_id = int(environ["SLURM_JOB_ID"])
     except KeyError as exc:
         raise ConfigError(f"launch: {exc.args[0]} is not set; run this under srun inside a Slurm job") from None
     except ValueError as exc:
@@ -50,7 +45,7 @@ def dist_env_from_slurm(environ: Mapping[str, str]) -> DistEnv:
     master = environ.get("MASTER_ADDR") or (nodes[0] if nodes else "")
     if not master:
         raise ConfigError("launch: neither MASTER_ADDR nor SLURM_JOB_NODELIST is set")
-    port = int(environ["MASTER_PORT"]) if environ.get("MASTER_PORT") else master_port_for(job_id)
+    port = int(environ["MASTER_PORT"]) if environ.get("MASTER_PORT") else master_port(job_id)
     hostname = environ.get("SLURMD_NODENAME") or socket.gethostname()
     return DistEnv(rank, world, local_rank, master, port, hostname)
 

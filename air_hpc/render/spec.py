@@ -29,6 +29,11 @@ MASTER_PORT_BASE = 20000
 MASTER_PORT_SPAN = 20000
 
 
+def master_port(job_id: int) -> int:
+    """Rank 0's port, derived from the job id so it survives requeues (the batch script does the same sum)."""
+    return MASTER_PORT_BASE + job_id % MASTER_PORT_SPAN
+
+
 def batch_log_paths(run_dir: Path, job_id: str) -> tuple[Path, Path]:
     """The batch script's stdout and stderr files of one job."""
     logs = RunDir(run_dir).logs

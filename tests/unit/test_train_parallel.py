@@ -6,7 +6,8 @@ import pytest
 
 from air_hpc.config.layout import ParallelLayout
 from air_hpc.errors import ConfigError
-from air_hpc.launch.entry import current_dist_env, dist_env_from_slurm, master_port_for
+from air_hpc.launch.entry import current_dist_env, dist_env_from_slurm
+from air_hpc.render.spec import master_port
 from air_hpc.train.parallel import DistEnv, ParallelContext, apply_rank_order, rank_from_hostfile
 
 SLURM = {
@@ -21,8 +22,8 @@ SLURM = {
 
 def test_slurm_env_gives_rank_world_and_first_node_as_master() -> None:
     env = dist_env_from_slurm(SLURM)
-    assert env == DistEnv(3, 4, 1, "n3", master_port_for("77"), "n4")
-    assert master_port_for("77") == master_port_for("77") != master_port_for("78")
+    assert env == DistEnv(3, 4, 1, "n3", master_port(77), "n4")
+    assert master_port(77) == 20077 != master_port(78)
 
 
 def test_explicit_master_wins() -> None:
