@@ -144,15 +144,17 @@ class Checkpointer:
         *,
         sync: bool = False,
         reason: str = "interval",
+        supersede: bool = False,
     ) -> None:
         """Save ``step``; async unless ``sync`` or async is off. Returns when training may continue.
 
-        A synchronous save (a preemption's) does not wait for an async save still being written: it
-        supersedes it, so the writers are stopped and the older step is left as a partial checkpoint.
+        ``supersede`` (a preemption's save, due within the signal's lead time) does not wait for an
+        async save still being written: its writers are stopped and the older step is left partial.
+        Any other save waits for the previous one.
         """
         import torch.distributed as dist
 
-        if sync:
+        if supersede:
             self._abandon_unfinished_write(step)
         self.wait()
         started = time.perf_counter()

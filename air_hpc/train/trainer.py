@@ -111,11 +111,13 @@ def train(
     loss = math.nan
     started = time.perf_counter()
 
-    def save(step: int, sync: bool, reason: str) -> None:
+    def save(step: int, sync: bool, reason: str, supersede: bool = False) -> None:
         if heartbeat is not None:
             heartbeat.beat("checkpoint", step)
         extra = {"consumed_samples": consumed}
-        checkpoints.save(step, model.chunks, model.optimizer, model.scheduler, extra, sync=sync, reason=reason)
+        checkpoints.save(
+            step, model.chunks, model.optimizer, model.scheduler, extra, sync=sync, reason=reason, supersede=supersede
+        )
 
     try:
         for step in range(first_step, t.steps + 1):
@@ -156,7 +158,7 @@ def train(
                 log.warning("stopping at step %d (%s): saving, then asking for a requeue", step, reason)
                 if ctx.rank == 0:
                     events.emit("stop", step=step, reason=reason, signal=stop.signal_name)
-                save(step, sync=True, reason=reason)
+                save(step, sync=True, reason=reason, supersede=True)
                 checkpoints.close()
                 return RunSummary(first_step, step, loss, ExitCode.REQUEUE, reason)
             if step % job.checkpoint.interval_steps == 0 and step < t.steps:

@@ -116,7 +116,8 @@ def test_a_preemption_save_supersedes_an_unfinished_async_write(
         save(ckpt, model, 2, sync=False)
     writer = ckpt._pending.process if ckpt._pending else None
     started = time.monotonic()
-    save(ckpt, model, 3, sync=True)  # must not wait for the stuck writer
+    # a preemption's save must not wait for the stuck writer
+    ckpt.save(3, model.chunks, model.optimizer, model.scheduler, {"consumed_samples": 3}, sync=True, supersede=True)
     ckpt.close()
     assert time.monotonic() - started < 60
     assert writer is not None and not writer.is_alive()
