@@ -21,10 +21,12 @@ Resume: rank 0 lists the committed steps; every rank checks all sizes and hashes
 the files of the newest one; the first that passes everywhere is loaded on all ranks.
 """
 
+import contextlib
 import gc
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -87,8 +89,12 @@ def _background_writer(request: Any, staging: Path, rank: int, conn: Connection)
     Runs at a lower CPU priority so that on a busy node the training ranks keep their cores, and
     without garbage collection.
     It inherits the rank's signal handlers, which only set a flag: a preemption signal sent to
-    every process of the job step does not kill a write in progress.
+    every process of the job step does not kill a write in progress. It leads its own process
+    group, so that a superseded write can be stopped with the worker processes Megatron forks
+    from it: an orphaned worker would keep the rank's inherited sockets (rank 0's rendezvous
+    port among them) open, and the next start's ranks would connect to a listener nobody serves.
     """
+    _lead_own_process_group(os.getpid())
     gc.disable()  # a collection here could free the parent's CUDA tensors from a forked child (Megatron does the same)
     os.nice(_WRITER_NICENESS)
     collected = _Collect()
@@ -99,6 +105,19 @@ def _background_writer(request: Any, staging: Path, rank: int, conn: Connection)
 
 #: How much lower the background writer's CPU priority is than the training process's.
 _WRITER_NICENESS = 10
+
+
+def _lead_own_process_group(pid: int) -> None:
+    """Called by both the writer and the rank, so the group exists before either goes on."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # the writer exited already
+        os.setpgid(pid, pid)
+
+
+def _kill_writer(process: Any) -> None:
+    """SIGKILL the writer and every worker it forked (its process group), then reap the writer."""
+    with contextlib.suppress(ProcessLookupError):  # the whole group exited already
+        os.killpg(process.pid, signal.SIGKILL)
+    process.join()
 
 
 class Checkpointer:
@@ -194,6 +213,7 @@ class Checkpointer:
                 target=_background_writer, args=(staged, staging, self.rank, child_end), daemon=False
             )
             pending.process.start()
+            _lead_own_process_group(pending.process.pid)
             child_end.close()
             pending.lap("fork", lap)
         pending.stall_s = time.perf_counter() - started
@@ -230,10 +250,8 @@ class Checkpointer:
         if not agree(writing):
             return
         self._pending = None
-        if pending.process is not None and pending.process.is_alive():
-            pending.process.kill()
         if pending.process is not None:
-            pending.process.join()
+            _kill_writer(pending.process)
         if pending.conn is not None:
             pending.conn.close()
         log.warning("step %d: the async save of step %d is superseded before it finished", superseded_by, pending.step)

@@ -7,13 +7,16 @@ show that a signal on one rank, or a deadline on one rank's clock, stops both, f
 """
 
 import contextlib
+import functools
+import multiprocessing
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from air_hpc.errors import CheckpointError
@@ -101,8 +104,26 @@ def test_a_failed_write_fails_the_save_and_keeps_the_previous_checkpoint(
     assert store.committed_steps() == [1, 3] and store.partial() == []
 
 
-def _stuck_write(request: Any, stage_to_host: bool = False, results: Any = None) -> None:
+def _stuck_write(request: Any, stage_to_host: bool = False, results: Any = None, *, pid_file: Path) -> None:
+    """Like Megatron's writer, forks a worker (one per write bucket there); here both hang."""
+    worker = multiprocessing.get_context("fork").Process(target=time.sleep, args=(3600,))
+    worker.start()
+    pid_file.write_text(str(worker.pid))
     time.sleep(3600)
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def test_a_preemption_save_supersedes_an_unfinished_async_write(
@@ -111,16 +132,19 @@ def test_a_preemption_save_supersedes_an_unfinished_async_write(
     store = CheckpointStore(tmp_path / "checkpoints", keep_last=5)
     events = EventLog(tmp_path / "events.jsonl")
     ckpt = Checkpointer(store, events, async_save=True)
-    with monkeypatch.context() as patch:
-        patch.setattr(state, "run_request", _stuck_write)  # the forked writer inherits it and never reports
+    worker_pid = tmp_path / "worker.pid"
+    with monkeypatch.context() as patch:  # the forked writer inherits the patch and never reports
+        patch.setattr(state, "run_request", functools.partial(_stuck_write, pid_file=worker_pid))
         save(ckpt, model, 2, sync=False)
     writer = ckpt._pending.process if ckpt._pending else None
+    wait_until(worker_pid.exists)
     started = time.monotonic()
     # a preemption's save must not wait for the stuck writer
     ckpt.save(3, model.chunks, model.optimizer, model.scheduler, {"consumed_samples": 3}, sync=True, supersede=True)
     ckpt.close()
     assert time.monotonic() - started < 60
     assert writer is not None and not writer.is_alive()
+    wait_until(lambda: _gone(int(worker_pid.read_text())))  # an orphaned worker would hold the rank's sockets
     assert store.committed_steps() == [3] and store.latest_complete() == 3
     skipped = [e for e in read_events(events.path) if e["kind"] == "checkpoint_skipped"]
     assert [(e["step"], e["why"]) for e in skipped] == [(2, "superseded by the save of step 3")]
