@@ -73,7 +73,7 @@ def wait_for(what: str, condition: Any, timeout_s: float = 180) -> None:
 
 def last_step(run_dir: RunDir) -> int:
     records = read_metrics(run_dir.metrics) if run_dir.metrics.exists() else []
-    return max((r["step"] for r in records), default=0)
+    return max((int(r["step"]) for r in records), default=0)
 
 
 def kinds(run_dir: RunDir, kind: str) -> list[dict[str, Any]]:

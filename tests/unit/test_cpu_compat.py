@@ -135,7 +135,7 @@ def test_clip_replacement_scales_like_megatron() -> None:
     for p in params:
         p.grad = torch.full_like(p, 2.0)
     cpu_compat._clip_grad_by_total_norm_cpu(params, max_norm=1.0, total_norm=4.0)
-    assert all(torch.allclose(p.grad, torch.full_like(p, 2.0 / (4.0 + 1e-6))) for p in params)
+    assert all(p.grad is not None and torch.allclose(p.grad, torch.full_like(p, 2.0 / (4.0 + 1e-6))) for p in params)
     from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 
     with pytest.raises(AssertionError):

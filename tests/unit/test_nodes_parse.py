@@ -96,7 +96,7 @@ def test_empty_cluster() -> None:
         ("NodeName=n1 Arch=x86_64\n", parse_scontrol_nodes, "node n1 has no State= field"),
     ],
 )
-def test_bad_text(text: str, parser, message: str) -> None:  # type: ignore[no-untyped-def]
+def test_bad_text(text: str, parser, message: str) -> None:
     with pytest.raises(SlurmError, match=message):
         parser(text)
 

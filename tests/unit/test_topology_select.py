@@ -53,7 +53,7 @@ def test_fewest_leaves_beats_tight_fit_and_tight_fit_keeps_big_leaves_whole() ->
 
 def test_best_fit_trap_goes_to_the_slightly_bigger_leaf() -> None:
     fabric = fat_tree([16] * 6, leaves_per_spine=3)
-    busy = set()
+    busy: set[str] = set()
     for i, leaf in enumerate(fabric.leaves):
         keep = 13 if i == 4 else 12
         busy.update(fabric.switches[leaf].nodes[keep:])
@@ -148,7 +148,7 @@ def test_selection_properties(case: tuple) -> None:
     assert select_nodes(fabric, set(available), count) == sel
 
 
-def _under(fabric, switch: str) -> list[str]:  # type: ignore[no-untyped-def]
+def _under(fabric, switch: str) -> list[str]:
     return [n for leaf in fabric.leaves_under[switch] for n in fabric.switches[leaf].nodes]
 
 
