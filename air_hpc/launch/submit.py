@@ -6,7 +6,7 @@ Three executors take the same validated job:
   the script itself forwards the signal and requeues on the exit-code contract.
 - ``submitit``: submitit's SlurmExecutor with the same resources and selection;
   submitit requeues through :class:`~air_hpc.launch.entry.TrainingEntry`'s
-  ``checkpoint``. submitit runs ``sbatch`` itself, outside our client, with
+  ``checkpoint``, on ``resilience.signal`` like the other two. submitit runs ``sbatch`` itself, outside our client, with
   this process's environment (so ``SLURM_CONF`` must be exported).
 - ``local``: submitit's LocalExecutor on this machine (one node).
 
@@ -239,19 +239,32 @@ def _exports(env: dict[str, str]) -> list[str]:
     return [f"export {name}={shell_quote(value)}" for name, value in sorted(env.items())]
 
 
+#: submitit reads its preemption signal from this variable when it is imported (USR2 without it).
+SUBMITIT_SIGNAL_ENV = "SUBMITIT_PREEMPT_SIGNAL"
+
+
+def _submitit_env(job: JobConfig, env: dict[str, str]) -> dict[str, str]:
+    """The job's environment plus ``resilience.signal`` as submitit's own preemption signal on every rank."""
+    return {**env, SUBMITIT_SIGNAL_ENV: job.resilience.signal}
+
+
 def _submit_submitit_slurm(plan_: Plan, entry: Callable[[], Any]) -> str:
     import submitit
 
     spec, job = plan_.spec, plan_.job
     run_dir = RunDir(spec.run_dir)
-    setup = _exports(dict(spec.env))
+    setup = _exports(_submitit_env(job, dict(spec.env)))
     srun_args = ["--kill-on-bad-exit=1"]
     if spec.request.rank_hosts:
         hostfile = run_dir.path / "hostfile"
         hostfile.write_text("".join(f"{h}\n" for h in spec.request.rank_hosts))
         setup.append(f"export SLURM_HOSTFILE={shell_quote(str(hostfile))}")
         srun_args.append("--distribution=arbitrary")
-    additional: dict[str, Any] = {"requeue": True, "open-mode": "append"}
+    additional: dict[str, Any] = {
+        "requeue": True,
+        "open-mode": "append",
+        "signal": f"{job.resilience.signal}@{spec.signal_lead_s}",  # submitit's own default is USR2
+    }
     if spec.switches:
         additional["switches"] = spec.switches
     if spec.reservation:
@@ -262,7 +275,6 @@ def _submit_submitit_slurm(plan_: Plan, entry: Callable[[], Any]) -> str:
         "ntasks_per_node": spec.tasks_per_node,
         "cpus_per_task": spec.cpus_per_task,
         "time": spec.time_limit_min,
-        "signal_delay_s": spec.signal_lead_s,
         "setup": setup,
         "srun_args": srun_args,
         "additional_parameters": additional,
@@ -296,7 +308,7 @@ def _submit_local(plan_: Plan, entry: Callable[[], Any]) -> Any:
         gpus_per_node=job.hardware.gpus_per_node if job.hardware.device == "cuda" else 0,
         timeout_min=job.resources.time_limit_min,
         signal_delay_s=job.resilience.signal_lead_s,
-        setup=_exports(job_environment(job)),
+        setup=_exports(_submitit_env(job, job_environment(job))),
     )
     return executor.submit(entry)
 

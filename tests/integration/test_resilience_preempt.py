@@ -152,3 +152,29 @@ def test_testbed_job_preempted_twice_finishes_on_its_own_identically(
     state = testbed.wait_job(done.job_id, timeout_s=300)
     assert state == "COMPLETED", "\n".join(p.read_text()[-1500:] for p in sorted(run_dir.logs.glob("*")))
     check_like_reference(run_dir, reference, signalled)
+
+
+def test_submitit_job_on_the_testbed_requeues_on_the_configured_signal(
+    testbed: Any, corpus: Path, reference: RunDir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """submitit's SlurmExecutor: Slurm signals the step's tasks, submitit's handler on rank 0 requeues."""
+    monkeypatch.setenv("SLURM_CONF", testbed.env["SLURM_CONF"])  # submitit runs sbatch itself
+    job = load_job(
+        REPO / "configs/jobs/gpt-tiny-testbed.yaml",
+        [
+            *job_overrides(tmp_path, corpus, "submitit"),
+            f"cluster.topology_file={testbed.topology_conf}",
+            "resilience.signal=USR1",
+        ],
+    )
+    done = submit_slurm(job, "submitit", testbed.client)
+    run_dir = RunDir(done.run_dir)
+    script = next((run_dir.path / "submitit").glob("*_submission.sh")).read_text()
+    assert f"#SBATCH --signal=USR1@{job.resilience.signal_lead_s}\n" in script
+    assert "export SUBMITIT_PREEMPT_SIGNAL=USR1\n" in script
+    signalled = preempt_twice(run_dir, lambda: testbed.client.scancel(done.job_id, signal="USR1"))
+    state = testbed.wait_job(done.job_id, timeout_s=300)
+    logs = sorted((run_dir.path / "submitit").glob("*.err"))
+    assert state == "COMPLETED", "\n".join(p.read_text()[-1500:] for p in logs)
+    check_like_reference(run_dir, reference, signalled)
+    assert [e["signal"] for e in kinds(run_dir, "stop")] == ["SIGUSR1", "SIGUSR1"]
