@@ -93,6 +93,8 @@ def _background_writer(request: Any, staging: Path, rank: int, conn: Connection)
     group, so that a superseded write can be stopped with the worker processes Megatron forks
     from it: an orphaned worker would keep the rank's inherited sockets (rank 0's rendezvous
     port among them) open, and the next start's ranks would connect to a listener nobody serves.
+    Slurm's ``proctrack/cgroup`` and ``proctrack/linuxproc`` still count it in the step;
+    ``proctrack/pgid`` (which Slurm advises against) would not.
     """
     _lead_own_process_group(os.getpid())
     gc.disable()  # a collection here could free the parent's CUDA tensors from a forked child (Megatron does the same)
