@@ -122,6 +122,12 @@ class CheckpointConfig(Section):
     keep_last: int = Field(3, ge=1, description="Keep the newest K complete checkpoints.")
     keep_every: int = Field(0, ge=0, description="Also keep every M-th step's checkpoint (0: none).")
     async_save: bool = Field(True, description="Write periodic checkpoints in the background.")
+    async_wait_s: int = Field(
+        600,
+        ge=1,
+        description="Longest a save waits for the previous async save's writers before abandoning that save "
+        "(the newest complete checkpoint stays the one to resume from).",
+    )
     verify: Literal["size", "sha256"] = Field(
         "sha256",
         description="Check before resuming from a checkpoint: sha256 of every file (re-reads it once) or sizes only.",
@@ -321,6 +327,19 @@ def _cross_field_problems(job: JobConfig) -> list[tuple[str, str]]:
                 "health.heartbeat_step_s",
                 f"{job.health.heartbeat_step_s} s is not shorter than train.dist_timeout_s = {t.dist_timeout_s}: "
                 "a hung collective would fail the job before the watchdog could requeue it",
+            )
+        )
+    if (
+        job.health.watchdog
+        and job.checkpoint.async_save
+        and job.checkpoint.async_wait_s >= job.health.heartbeat_checkpoint_s
+    ):
+        problems.append(
+            (
+                "checkpoint.async_wait_s",
+                f"{job.checkpoint.async_wait_s} s is not shorter than health.heartbeat_checkpoint_s = "
+                f"{job.health.heartbeat_checkpoint_s}: the watchdog would end the job before a stuck writer "
+                "is abandoned",
             )
         )
     return problems

@@ -14,7 +14,9 @@ the ranks finalize together (``.metadata``); rank 0 commits: manifest last, rena
   priority; it sends Megatron's write results back through a pipe. :meth:`Checkpointer.poll`
   (every step) agrees with one all-reduce whether all writers have reported, then finalizes;
   rank 0 commits in a background thread. ``latest`` moves only after the data is durable, and
-  a new save first waits for the previous one.
+  a new save first waits for the previous one, at most ``async_wait_s``: writers that have not
+  reported by then on some rank are killed on every rank and that save is abandoned (a
+  ``checkpoint_failed`` event; the newest complete checkpoint stays the one to resume from).
 
 Retention (deleting old checkpoints) runs in rank 0's background thread after each commit.
 Resume: rank 0 lists the committed steps; every rank checks all sizes and hashes its share of
@@ -108,6 +110,9 @@ def _background_writer(request: Any, staging: Path, rank: int, conn: Connection)
 #: How much lower the background writer's CPU priority is than the training process's.
 _WRITER_NICENESS = 10
 
+#: How often a waiting save asks (collectively) whether the writers reported.
+_WAIT_POLL_S = 0.5
+
 
 def _lead_own_process_group(pid: int) -> None:
     """Called by both the writer and the rank, so the group exists before either goes on."""
@@ -134,8 +139,12 @@ class Checkpointer:
         device: str = "cpu",
         verify: Check = "sha256",
         async_blocker: str | None = None,
+        async_wait_s: float = 600.0,
     ) -> None:
-        """``async_blocker``: why async saving cannot be used here (then every save is synchronous)."""
+        """``async_blocker``: why async saving cannot be used here (then every save is synchronous).
+
+        ``async_wait_s``: the longest a save (or :meth:`wait`) waits for the previous async save's writers.
+        """
         import torch.distributed as dist
 
         self.store = store
@@ -144,6 +153,7 @@ class Checkpointer:
         self.verify = verify
         self.rank = dist.get_rank()
         self.async_save = async_save and async_blocker is None
+        self.async_wait_s = async_wait_s
         self._pending: _Pending | None = None
         self._results = state.results_queue()
         self._validated = False
@@ -265,13 +275,36 @@ class Checkpointer:
         pending = self._pending
         if pending is not None:
             self._pending = None
-            self._finish(pending, sync=False)
+            if self._writers_reported(pending):
+                self._finish(pending, sync=False)
         if self._commit is not None:
             self._commit.join()
             self._commit = None
         if self._commit_error is not None:
             error, self._commit_error = self._commit_error, None
             raise CheckpointError(f"committing the previous checkpoint failed: {error}") from error
+
+    def _writers_reported(self, pending: _Pending) -> bool:
+        """Wait until every rank's writer reported; past ``async_wait_s`` on any rank, abandon the save.
+
+        A forked writer that never reports (seen once: it hung before writing a byte) would
+        otherwise block this save until the watchdog ends the job.
+        """
+        if pending.conn is None:
+            return True
+        waited_from = time.monotonic()
+        while agree(not pending.conn.poll(_WAIT_POLL_S)):
+            if not agree(time.monotonic() - waited_from > self.async_wait_s):
+                continue
+            if pending.process is not None:
+                _kill_writer(pending.process)
+            pending.conn.close()
+            why = f"the background writers did not finish within {self.async_wait_s:g} s; the save is abandoned"
+            log.error("step %d: %s", pending.step, why)
+            if self.rank == 0:
+                self._emit("checkpoint_failed", step=pending.step, why=why)
+            return False
+        return True
 
     def close(self) -> None:
         self.wait()

@@ -86,6 +86,7 @@ def train(
         job.checkpoint.async_save,
         device=job.hardware.device,
         verify=job.checkpoint.verify,
+        async_wait_s=job.checkpoint.async_wait_s,
     )
     if heartbeat is not None:
         heartbeat.beat("checkpoint", 0)

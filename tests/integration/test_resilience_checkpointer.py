@@ -150,6 +150,28 @@ def test_a_preemption_save_supersedes_an_unfinished_async_write(
     assert [(e["step"], e["why"]) for e in skipped] == [(2, "superseded by the save of step 3")]
 
 
+def test_a_save_abandons_async_writers_that_do_not_report_in_time(
+    model: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = CheckpointStore(tmp_path / "checkpoints", keep_last=5)
+    events = EventLog(tmp_path / "events.jsonl")
+    ckpt = Checkpointer(store, events, async_save=True, async_wait_s=1)
+    save(ckpt, model, 1, sync=True)
+    worker_pid = tmp_path / "worker.pid"
+    with monkeypatch.context() as patch:
+        patch.setattr(state, "run_request", functools.partial(_stuck_write, pid_file=worker_pid))
+        save(ckpt, model, 2, sync=False)
+    wait_until(worker_pid.exists)
+    started = time.monotonic()
+    save(ckpt, model, 3, sync=False)  # the interval save after the stuck one: waits 1 s, then goes on
+    assert 1 <= time.monotonic() - started < 30
+    wait_until(lambda: _gone(int(worker_pid.read_text())))
+    ckpt.close()
+    assert store.committed_steps() == [1, 3] and store.latest_complete() == 3
+    failed = [e for e in read_events(events.path) if e["kind"] == "checkpoint_failed"]
+    assert [e["step"] for e in failed] == [2] and "did not finish within 1 s" in failed[0]["why"]
+
+
 def test_resume_finds_the_newest_and_restores_progress(model: Any, tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path / "checkpoints", keep_last=5)
     ckpt = Checkpointer(store, EventLog(tmp_path / "events.jsonl"), async_save=False)

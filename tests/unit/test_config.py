@@ -133,6 +133,7 @@ def test_missing_profile_suggests() -> None:
             "larger than the 2 ranks of one NVLink domain",
         ),
         (["resilience.signal_lead_s=1800"], "resilience.signal_lead_s", "not shorter than the time limit"),
+        (["checkpoint.async_wait_s=900"], "checkpoint.async_wait_s", "not shorter than health.heartbeat_checkpoint_s"),
         (
             ["hardware=h100-sxm", "resources.tasks_per_node=16", "train.global_batch_size=64"],
             "resources.tasks_per_node",
