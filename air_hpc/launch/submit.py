@@ -6,8 +6,9 @@ Three executors take the same validated job:
   the script itself forwards the signal and requeues on the exit-code contract.
 - ``submitit``: submitit's SlurmExecutor with the same resources and selection;
   submitit requeues through :class:`~air_hpc.launch.entry.TrainingEntry`'s
-  ``checkpoint``, on ``resilience.signal`` like the other two. submitit runs ``sbatch`` itself, outside our client, with
-  this process's environment (so ``SLURM_CONF`` must be exported).
+  ``checkpoint``, on ``resilience.signal`` like the other two. submitit runs
+  ``sbatch`` itself, outside our client, with this process's environment (so
+  ``SLURM_CONF`` must be exported).
 - ``local``: submitit's LocalExecutor on this machine (one node).
 
 The run directory records the resolved config (job.json), the script

@@ -63,6 +63,17 @@ class _Pending:
         self.phases[phase] = round(now - since, 4)
         return now
 
+    def unreported(self, wait_s: float = 0.0) -> bool:
+        """This rank's writer has not sent its results yet (it sends once, at its end), after ``wait_s``."""
+        return self.conn is not None and not self.conn.poll(wait_s)
+
+    def stop_writer(self) -> None:
+        """Kill this rank's writer with the workers it forked, and close the pipe."""
+        if self.process is not None:
+            _kill_writer(self.process)
+        if self.conn is not None:
+            self.conn.close()
+
 
 def _write_and_hash(request: Any, staging: Path, rank: int, stage_to_host: bool, results: Any) -> float:
     """Write this rank's shards (write results go to ``results.put``) and record their sha256.
@@ -246,8 +257,7 @@ class Checkpointer:
         pending = self._pending
         if pending is None:
             return False
-        writing = pending.conn is not None and not pending.conn.poll()  # the writer sends once, at its end
-        if agree(writing):
+        if agree(pending.unreported()):
             return False
         self._pending = None
         self._finish(pending, sync=False)
@@ -258,14 +268,10 @@ class Checkpointer:
         pending = self._pending
         if pending is None:
             return
-        writing = pending.conn is not None and not pending.conn.poll()
-        if not agree(writing):
+        if not agree(pending.unreported()):
             return
         self._pending = None
-        if pending.process is not None:
-            _kill_writer(pending.process)
-        if pending.conn is not None:
-            pending.conn.close()
+        pending.stop_writer()
         log.warning("step %d: the async save of step %d is superseded before it finished", superseded_by, pending.step)
         if self.rank == 0:
             self._emit("checkpoint_skipped", step=pending.step, why=f"superseded by the save of step {superseded_by}")
@@ -290,15 +296,11 @@ class Checkpointer:
         A forked writer that never reports (seen once: it hung before writing a byte) would
         otherwise block this save until the watchdog ends the job.
         """
-        if pending.conn is None:
-            return True
         waited_from = time.monotonic()
-        while agree(not pending.conn.poll(_WAIT_POLL_S)):
+        while agree(pending.unreported(_WAIT_POLL_S)):
             if not agree(time.monotonic() - waited_from > self.async_wait_s):
                 continue
-            if pending.process is not None:
-                _kill_writer(pending.process)
-            pending.conn.close()
+            pending.stop_writer()
             why = f"the background writers did not finish within {self.async_wait_s:g} s; the save is abandoned"
             log.error("step %d: %s", pending.step, why)
             if self.rank == 0:
