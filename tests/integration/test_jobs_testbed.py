@@ -10,7 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from air_hpc.launch.runs import record_submission
 from air_hpc.launch.submit import Submission, plan, submit
 from air_hpc.rundir import RunDir, read_jsonl
 from air_hpc.slurm.jobs import JobState
+from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -85,15 +85,8 @@ def submit_payload(testbed: Any, tmp_path: Path, payload: Path, mode: str, name:
     return submit(job, "slurm", testbed.client, step_command=command)
 
 
-def wait_for(predicate: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.3)
-
-
 def wait_ready(run_dir: Path, ranks: int, restart: int = 0) -> None:
-    wait_for(lambda: len(list(run_dir.glob(f"ready-{restart}-*"))) == ranks, 60, f"{ranks} ranks to start")
+    wait_for(f"{ranks} ranks to start", lambda: len(list(run_dir.glob(f"ready-{restart}-*"))) == ranks, 60, 0.3)
 
 
 def wait_state(testbed: Any, job_id: str, timeout_s: float = 90) -> JobState:
@@ -104,7 +97,7 @@ def wait_state(testbed: Any, job_id: str, timeout_s: float = 90) -> JobState:
         seen.append(status.state if status else JobState.UNKNOWN)
         return status is not None and status.state.terminal
 
-    wait_for(final, timeout_s, f"job {job_id} to end (states seen: {sorted(set(map(str, seen)))})")
+    wait_for(f"job {job_id} to end (states seen: {sorted(set(map(str, seen)))})", final, timeout_s, 0.3)
     return seen[-1]
 
 
@@ -133,7 +126,7 @@ def test_two_node_job_runs_and_status_and_logs_follow_it(testbed: Any, tmp_path:
         states.append(json.loads(result.stdout)["state"])
         return states[-1] == "COMPLETED"
 
-    wait_for(completed, 60, "status to report COMPLETED")
+    wait_for("status to report COMPLETED", completed, 60, 0.3)
     result = cli(testbed, "status", str(done.run_dir))
     assert "COMPLETED" in result.stdout and done.job_id in result.stdout
 

@@ -12,7 +12,7 @@ import multiprocessing
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from air_hpc.resilience import state
 from air_hpc.resilience.checkpointer import Checkpointer
 from air_hpc.resilience.events import EventLog, read_events
 from air_hpc.resilience.store import CheckpointStore
+from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -112,11 +113,14 @@ def _stuck_write(request: Any, stage_to_host: bool = False, results: Any = None,
     time.sleep(3600)
 
 
-def wait_until(condition: Callable[[], bool], timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
+def save_with_stuck_writer(ckpt: Checkpointer, model: Any, step: int, tmp_path: Path, patch: pytest.MonkeyPatch) -> int:
+    """Start an async save of ``step`` whose writer and its worker hang; returns the worker's pid."""
+    worker_pid = tmp_path / "worker.pid"
+    with patch.context() as scoped:  # the forked writer inherits the patch and never reports
+        scoped.setattr(state, "run_request", functools.partial(_stuck_write, pid_file=worker_pid))
+        save(ckpt, model, step, sync=False)
+    wait_for("the stuck writer's worker", worker_pid.exists, 30)
+    return int(worker_pid.read_text())
 
 
 def _gone(pid: int) -> bool:
@@ -132,19 +136,15 @@ def test_a_preemption_save_supersedes_an_unfinished_async_write(
     store = CheckpointStore(tmp_path / "checkpoints", keep_last=5)
     events = EventLog(tmp_path / "events.jsonl")
     ckpt = Checkpointer(store, events, async_save=True)
-    worker_pid = tmp_path / "worker.pid"
-    with monkeypatch.context() as patch:  # the forked writer inherits the patch and never reports
-        patch.setattr(state, "run_request", functools.partial(_stuck_write, pid_file=worker_pid))
-        save(ckpt, model, 2, sync=False)
+    worker = save_with_stuck_writer(ckpt, model, 2, tmp_path, monkeypatch)
     writer = ckpt._pending.process if ckpt._pending else None
-    wait_until(worker_pid.exists)
     started = time.monotonic()
     # a preemption's save must not wait for the stuck writer
     ckpt.save(3, model.chunks, model.optimizer, model.scheduler, {"consumed_samples": 3}, sync=True, supersede=True)
     ckpt.close()
     assert time.monotonic() - started < 60
     assert writer is not None and not writer.is_alive()
-    wait_until(lambda: _gone(int(worker_pid.read_text())))  # an orphaned worker would hold the rank's sockets
+    wait_for("the worker to be gone", lambda: _gone(worker), 30)  # an orphan would hold the rank's sockets
     assert store.committed_steps() == [3] and store.latest_complete() == 3
     skipped = [e for e in read_events(events.path) if e["kind"] == "checkpoint_skipped"]
     assert [(e["step"], e["why"]) for e in skipped] == [(2, "superseded by the save of step 3")]
@@ -157,15 +157,11 @@ def test_a_save_abandons_async_writers_that_do_not_report_in_time(
     events = EventLog(tmp_path / "events.jsonl")
     ckpt = Checkpointer(store, events, async_save=True, async_wait_s=1)
     save(ckpt, model, 1, sync=True)
-    worker_pid = tmp_path / "worker.pid"
-    with monkeypatch.context() as patch:
-        patch.setattr(state, "run_request", functools.partial(_stuck_write, pid_file=worker_pid))
-        save(ckpt, model, 2, sync=False)
-    wait_until(worker_pid.exists)
+    worker = save_with_stuck_writer(ckpt, model, 2, tmp_path, monkeypatch)
     started = time.monotonic()
     save(ckpt, model, 3, sync=False)  # the interval save after the stuck one: waits 1 s, then goes on
     assert 1 <= time.monotonic() - started < 30
-    wait_until(lambda: _gone(int(worker_pid.read_text())))
+    wait_for("the worker to be gone", lambda: _gone(worker), 30)
     ckpt.close()
     assert store.committed_steps() == [1, 3] and store.latest_complete() == 3
     failed = [e for e in read_events(events.path) if e["kind"] == "checkpoint_failed"]

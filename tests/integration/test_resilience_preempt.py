@@ -27,6 +27,7 @@ from air_hpc.resilience.events import read_events
 from air_hpc.rundir import RunDir
 from air_hpc.train import data
 from air_hpc.train.metrics import read_metrics
+from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -62,13 +63,6 @@ def submit(root: Path, corpus: Path, name: str) -> tuple[RunDir, Any]:
     executor = submitit.LocalExecutor(folder=root / "submitit" / name)
     executor.update_parameters(tasks_per_node=job.resources.tasks_per_node, nodes=1, timeout_min=10)
     return run_dir, executor.submit(TrainingEntry(run_dir.path))
-
-
-def wait_for(what: str, condition: Any, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def last_step(run_dir: RunDir) -> int:
