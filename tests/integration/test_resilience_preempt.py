@@ -9,7 +9,6 @@ next start resumes. Both are compared with one uninterrupted run on this machine
 
 import contextlib
 import json
-import os
 import signal
 import time
 from pathlib import Path
@@ -17,16 +16,15 @@ from typing import Any
 
 import psutil
 import pytest
-import submitit
 
 from air_hpc.config.load import load_job
 from air_hpc.exitcodes import ExitCode
-from air_hpc.launch.entry import TrainingEntry
 from air_hpc.launch.submit import submit as submit_slurm
 from air_hpc.resilience.events import read_events
 from air_hpc.rundir import RunDir
 from air_hpc.train import data
 from air_hpc.train.metrics import read_metrics
+from tests.integration.local_run import submit_local
 from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -56,13 +54,7 @@ def job_overrides(root: Path, corpus: Path, name: str) -> list[str]:
 
 def submit(root: Path, corpus: Path, name: str) -> tuple[RunDir, Any]:
     """Through submitit's LocalExecutor on this machine."""
-    job = load_job(REPO / "configs/jobs/gpt-tiny-local.yaml", job_overrides(root, corpus, name))
-    run_dir = RunDir.of(job)
-    run_dir.write_job(job)
-    os.environ["OMP_NUM_THREADS"] = "1"
-    executor = submitit.LocalExecutor(folder=root / "submitit" / name)
-    executor.update_parameters(tasks_per_node=job.resources.tasks_per_node, nodes=1, timeout_min=10)
-    return run_dir, executor.submit(TrainingEntry(run_dir.path))
+    return submit_local(load_job(REPO / "configs/jobs/gpt-tiny-local.yaml", job_overrides(root, corpus, name)), 10)
 
 
 def last_step(run_dir: RunDir) -> int:

@@ -3,7 +3,6 @@
 Lean on purpose (2 cores): a few steps per run, OMP_NUM_THREADS=1 per rank.
 """
 
-import os
 import signal
 import time
 from pathlib import Path
@@ -11,15 +10,14 @@ from typing import Any
 
 import psutil
 import pytest
-import submitit
 
 from air_hpc.config.load import load_job
 from air_hpc.exitcodes import ExitCode
-from air_hpc.launch.entry import TrainingEntry
 from air_hpc.resilience.events import read_events
 from air_hpc.rundir import RunDir
 from air_hpc.train import data
 from air_hpc.train.metrics import read_metrics
+from tests.integration.local_run import submit_local
 
 pytestmark = pytest.mark.integration
 
@@ -48,12 +46,7 @@ def submit(root: Path, corpus: Path, name: str, *overrides: str) -> tuple[RunDir
             *overrides,
         ],
     )
-    run_dir = RunDir.of(job)
-    run_dir.write_job(job)
-    os.environ["OMP_NUM_THREADS"] = "1"
-    executor = submitit.LocalExecutor(folder=root / "submitit" / name)
-    executor.update_parameters(tasks_per_node=job.resources.tasks_per_node, nodes=1, timeout_min=5)
-    return run_dir, executor.submit(TrainingEntry(run_dir.path))
+    return submit_local(job, timeout_min=5)
 
 
 def train(root: Path, corpus: Path, name: str, *overrides: str) -> tuple[RunDir, list[Any]]:
