@@ -11,7 +11,6 @@ rank of the real trainer that sleeps forever in the middle of a step (through
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from air_hpc.launch.submit import plan, submit
 from air_hpc.resilience.events import read_events
 from air_hpc.rundir import RunDir, read_jsonl
 from air_hpc.slurm.jobs import JobState
+from tests.integration.waiting import wait_ended
 
 pytestmark = pytest.mark.integration
 
@@ -103,12 +103,7 @@ def run_payload(testbed: Any, tmp_path: Path, job: JobConfig, mode: str = "run")
     payload = tmp_path / "payload.py"
     payload.write_text(PAYLOAD)
     done = submit(job, "slurm", testbed.client, step_command=[sys.executable, str(payload), str(job.run.dir), mode])
-    deadline = time.monotonic() + 100
-    status = testbed.client.job_status(done.job_id)
-    while status is None or not status.state.terminal:
-        assert time.monotonic() < deadline, f"job {done.job_id} did not end: {status}"
-        time.sleep(0.5)
-        status = testbed.client.job_status(done.job_id)
+    status = wait_ended(testbed.client, done.job_id, 100)
     starts = [row["nodelist"] for row in read_jsonl(RunDir.of(job).submissions) if row.get("event") == "started"]
     return str(status.state), starts
 
@@ -204,12 +199,7 @@ def test_hung_rank_in_the_real_trainer_is_detected_excluded_and_the_run_finishes
     )
     hang_rank = 3
     done = submit(job, "slurm", testbed.client)
-    deadline = time.monotonic() + 150
-    status = testbed.client.job_status(done.job_id)
-    while status is None or not status.state.terminal:
-        assert time.monotonic() < deadline, f"job {done.job_id} did not end: {status}"
-        time.sleep(1)
-        status = testbed.client.job_status(done.job_id)
+    status = wait_ended(testbed.client, done.job_id, 150, poll_s=1)
     run_dir = RunDir.of(job)
     starts = [row["nodelist"] for row in read_jsonl(run_dir.submissions) if row.get("event") == "started"]
     assert str(status.state) == str(JobState.COMPLETED), starts

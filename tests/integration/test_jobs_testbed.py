@@ -23,7 +23,7 @@ from air_hpc.launch.runs import record_submission
 from air_hpc.launch.submit import Submission, plan, submit
 from air_hpc.rundir import RunDir, read_jsonl
 from air_hpc.slurm.jobs import JobState
-from tests.integration.waiting import wait_for
+from tests.integration.waiting import wait_ended, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -90,15 +90,7 @@ def wait_ready(run_dir: Path, ranks: int, restart: int = 0) -> None:
 
 
 def wait_state(testbed: Any, job_id: str, timeout_s: float = 90) -> JobState:
-    seen: list[JobState] = []
-
-    def final() -> bool:
-        status = testbed.client.job_status(job_id)
-        seen.append(status.state if status else JobState.UNKNOWN)
-        return status is not None and status.state.terminal
-
-    wait_for(f"job {job_id} to end (states seen: {sorted(set(map(str, seen)))})", final, timeout_s, 0.3)
-    return seen[-1]
+    return wait_ended(testbed.client, job_id, timeout_s, poll_s=0.3).state
 
 
 @pytest.mark.parametrize("job_file", JOBS, ids=lambda p: p.stem)

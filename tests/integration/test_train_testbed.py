@@ -18,6 +18,7 @@ from air_hpc.resilience.events import read_events
 from air_hpc.rundir import RunDir
 from air_hpc.train import data
 from air_hpc.train.metrics import read_metrics
+from tests.integration.waiting import wait_ended
 
 pytestmark = pytest.mark.integration
 
@@ -42,13 +43,7 @@ def start(testbed: Any, tmp_path: Path, corpus: Path, name: str) -> Submission:
 
 
 def wait_done(testbed: Any, submission: Submission, timeout_s: float = 300) -> str:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        status = testbed.client.job_status(submission.job_id)
-        if status is not None and status.state.terminal:
-            return str(status.state)
-        assert time.monotonic() < deadline, f"job {submission.job_id} still {status}"
-        time.sleep(1)
+    return str(wait_ended(testbed.client, submission.job_id, timeout_s, poll_s=1).state)
 
 
 def all_logs(run_dir: RunDir) -> str:
