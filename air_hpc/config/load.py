@@ -9,7 +9,8 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -76,19 +77,51 @@ def _record_lines(node: yaml.Node, path: Path, prefix: str, source: Source) -> N
         _record_lines(value_node, path, key + ".", source)
 
 
-def parse_override(item: str) -> tuple[str, Any]:
-    """``a.b=value`` -> ("a.b", value parsed as a YAML scalar, else the raw text)."""
+def parse_override(item: str) -> tuple[str, str]:
+    """``a.b=value`` -> ("a.b", "value"): the key checked, the value still raw text (see :func:`override_value`)."""
     key, sep, raw = item.partition("=")
     key = key.strip()
     if not sep or not key or any(not part for part in key.split(".")):
         raise ConfigError(f"--set {item!r}: expected KEY=VALUE with a dotted key, e.g. train.steps=100")
+    return key, raw
+
+
+def override_value(key: str, raw: str) -> Any:
+    """The value of ``--set key=raw``: verbatim for a text field, else a YAML scalar (``7``, ``true``, ``0.5``).
+
+    YAML would turn ``abc #c`` into ``abc``, ``0x10`` into 16 and drop
+    everything after a newline, so a string field never goes through it.
+    """
+    if key in PROFILE_KINDS or _takes_text(key.split(".")):
+        return raw
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
-        value = raw
+        return raw
     if isinstance(value, (dict, list)) or value is None:
-        value = raw
-    return key, value
+        return raw
+    return value
+
+
+def _takes_text(parts: list[str]) -> bool:
+    """Whether the config field at ``parts`` accepts a string (str or Path; the values of env-like mappings)."""
+    annotation: Any = JobConfig
+    for part in parts:
+        options = _options(annotation)
+        model = next((o for o in options if isinstance(o, type) and issubclass(o, BaseModel)), None)
+        mapping = next((o for o in options if get_origin(o) is dict), None)
+        if model is not None and part in model.model_fields:
+            annotation = model.model_fields[part].annotation
+        elif mapping is not None:
+            annotation = get_args(mapping)[1]
+        else:
+            return False
+    return any(option in (str, Path) for option in _options(annotation))
+
+
+def _options(annotation: Any) -> tuple[Any, ...]:
+    """The alternatives of ``X | Y | None`` (just ``(X,)`` for a plain type)."""
+    return get_args(annotation) if get_origin(annotation) in (Union, UnionType) else (annotation,)
 
 
 def _config_dirs(job_path: Path) -> list[Path]:
@@ -143,16 +176,16 @@ def load_job(path: str | Path, overrides: Iterable[str] = (), base_dir: Path | N
     job_path = Path(path)
     source = Source()
     raw = read_yaml(job_path, source)
-    parsed = [parse_override(item) for item in overrides]
+    parsed = [(key, override_value(key, text)) for key, text in map(parse_override, overrides)]
     for key, value in parsed:
-        if key in PROFILE_KINDS and isinstance(value, str):
+        if key in PROFILE_KINDS:
             raw[key] = value
             source.overridden.add(key)
     for kind in PROFILE_KINDS:
         if isinstance(raw.get(kind), str):
             raw[kind] = _load_profile(kind, raw[kind], job_path, source)
     for key, value in parsed:
-        if key in PROFILE_KINDS and isinstance(value, str):
+        if key in PROFILE_KINDS:
             continue
         _set_dotted(raw, key, value)
         source.overridden.add(key)
@@ -182,6 +215,7 @@ def _describe(error: Mapping[str, Any], source: Source, job_path: Path) -> str:
         key, _, message = message.removeprefix("Value error, @").partition(": ")
     else:
         key = ".".join(loc)
+        message = message.removeprefix("Value error, ")
     where = source.where(key) or str(job_path)
     if error["type"] == "extra_forbidden":
         hint = _suggest(loc[-1], _fields_at(JobConfig, loc[:-1]))

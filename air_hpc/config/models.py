@@ -9,7 +9,7 @@ key they concern, so the CLI can print one line before anything is submitted.
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from air_hpc.config.layout import ParallelLayout
 
@@ -25,6 +25,19 @@ class Section(BaseModel):
 class RunConfig(Section):
     name: str = Field(min_length=1, description="Run name; the run directory is root/name.")
     root: Path = Field(Path("runs"), description="Directory holding run directories (made absolute at load).")
+
+    @field_validator("name")
+    @classmethod
+    def _one_path_component(cls, name: str) -> str:
+        """The run directory is root/name: a name that is a path (``../x``, ``/etc``) would put it elsewhere."""
+        bad = next((c for c in ("/", "\0", "\n", "\r") if c in name), None)
+        if bad is not None:
+            raise ValueError(f"{name!r} contains {bad!r}; a run name is one path component")
+        if name in (".", ".."):
+            raise ValueError(f"{name!r} is not a directory name; a run name is one path component")
+        if name.startswith("-"):
+            raise ValueError(f"{name!r} starts with '-', which commands would read as an option")
+        return name
 
     @property
     def dir(self) -> Path:

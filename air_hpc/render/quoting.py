@@ -60,3 +60,10 @@ def check_env_name(name: str, key: str) -> str:
     if not _ENV_NAME.fullmatch(name):
         raise ConfigError(f"{key}: {name!r} is not a valid environment variable name (letters, digits, _)")
     return name
+
+
+def check_one_line(value: str, key: str) -> str:
+    """Refuse a value with a line break: quoted or not, it would end a line of the batch script early."""
+    if "\n" in value or "\r" in value:
+        raise ConfigError(f"{key}: {value!r} contains a line break, which a batch script value cannot hold")
+    return value

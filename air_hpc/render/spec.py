@@ -16,7 +16,7 @@ from air_hpc.config.models import JobConfig, SignalName
 from air_hpc.errors import ConfigError
 from air_hpc.exitcodes import REQUEUE_WORTHY, ExitCode
 from air_hpc.health.heartbeat import EXIT_CODE_FILE
-from air_hpc.render.quoting import check_env_name, slurm_filename
+from air_hpc.render.quoting import check_env_name, check_one_line, slurm_filename
 from air_hpc.rundir import RunDir
 
 #: Batch script output names under the run's logs/ (``%j``: the job id, stable across requeues).
@@ -152,8 +152,9 @@ def job_environment(job: JobConfig) -> dict[str, str]:
             env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
     env["OMP_NUM_THREADS"] = str(job.resources.cpus_per_task)
     env.update(job.env)
-    for name in env:
+    for name, value in env.items():
         check_env_name(name, f"env.{name}")
+        check_one_line(value, f"env.{name}")
     return env
 
 
@@ -184,9 +185,11 @@ def build_spec(
     request = request or NodeRequest()
     _check_request(job, request)
     run_dir = job.run.dir
-    command = tuple(step_command) if step_command else training_command(python or default_python(job), run_dir)
-    for name in extra_env or {}:
+    interpreter = check_one_line(python or default_python(job), "cluster.python")
+    command = tuple(step_command) if step_command else training_command(interpreter, run_dir)
+    for name, value in (extra_env or {}).items():
         check_env_name(name, f"env.{name}")
+        check_one_line(value, f"env.{name}")
     env = {**job_environment(job), **(extra_env or {})}
     res, cluster, resil = job.resources, job.cluster, job.resilience
     container = job.container
@@ -197,7 +200,9 @@ def build_spec(
                 raise ConfigError(
                     f"run.root/run.name: {str(run_dir)!r} contains {bad!r}, which pyxis mounts cannot hold"
                 )
+        check_one_line(container.image, "container.image")
         for mount in container.mounts:
+            check_one_line(mount, "container.mounts")
             if "," in mount:
                 raise ConfigError(f"container.mounts: {mount!r} contains ',', which separates pyxis mounts")
         mounts = tuple(sorted({*container.mounts, f"{run_dir}:{run_dir}"}))

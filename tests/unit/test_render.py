@@ -29,7 +29,7 @@ HOSTILE = [
     "`touch pwned`",
     "a;touch pwned",
     "it's \\ a 'quote'",
-    "line1\nline2; touch pwned",
+    "line1; touch pwned",
     "=starts-with-equals",
     "",
 ]
