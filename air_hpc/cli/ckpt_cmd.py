@@ -1,28 +1,25 @@
 """``air-hpc ckpt list|verify|prune``: inspect and tidy a run's checkpoints."""
 
-import json
-from pathlib import Path
-
 import click
 
-from air_hpc.cli.options import json_option
+from air_hpc.cli.options import echo_json, json_option, run_argument
 from air_hpc.errors import CheckpointError, UserError
-from air_hpc.resilience.store import CheckpointInfo, CheckpointStore
-from air_hpc.rundir import RunDir
+from air_hpc.launch.runs import resolve_run
+from air_hpc.resilience.store import Check, CheckpointInfo, CheckpointStore
 
-run_argument = click.argument("run", type=click.Path(exists=False, path_type=Path))
+#: What each check compares, in the words ``ckpt list`` prints.
+CHECK_WORDS: dict[Check, str] = {
+    "size": "file sizes match the manifest (contents not read; --sha256 reads and hashes every file)",
+    "sha256": "sha256 of every file matches the manifest (contents read in full)",
+}
+CHECK_SHORT: dict[Check, str] = {"size": "sizes ok", "sha256": "sha256 ok"}
 
 
-def open_store(run: Path) -> CheckpointStore:
-    """RUN is a run directory, or a job config file naming one; retention comes from its job.json."""
-    if run.is_file():
-        from air_hpc.config import load_job
-
-        rundir = RunDir.of(load_job(str(run), ()))
-    else:
-        rundir = RunDir(run)
+def open_store(run: str) -> CheckpointStore:
+    """RUN as every command takes it (directory, name or job file); retention comes from its job.json."""
+    rundir = resolve_run(run)
     if not rundir.path.is_dir():
-        raise UserError(f"{run}: no such run directory (give a run directory or the job's config file)")
+        raise UserError(f"{run}: run directory {rundir.path} does not exist yet (nothing submitted?)")
     keep_last, keep_every = 1, 0
     if rundir.job_json.is_file():
         ckpt = rundir.read_job().checkpoint
@@ -39,45 +36,68 @@ def ckpt() -> None:
 @run_argument
 @click.option("--sha256", "deep", is_flag=True, help="Verify sha256 of every file, not only sizes.")
 @json_option
-def list_(run: Path, deep: bool, as_json: bool) -> None:
-    """List RUN's checkpoints: step, size, complete?, verified?"""
+def list_(run: str, deep: bool, as_json: bool) -> None:
+    """List RUN's checkpoints: step, size, complete?, and what was checked (sizes, or sha256 with --sha256)."""
     store = open_store(run)
-    infos = store.list(check="sha256" if deep else "size")
+    check: Check = "sha256" if deep else "size"
+    infos = store.list(check=check)
     if as_json:
-        click.echo(json.dumps({"latest": store.latest_pointer(), "checkpoints": [_info_json(i) for i in infos]}))
+        echo_json(
+            {
+                "latest": store.latest_pointer(),
+                "check": check,
+                "checked": CHECK_WORDS[check],
+                "checkpoints": [_info_json(i) for i in infos],
+            }
+        )
         return
     if not infos:
         click.echo(f"no checkpoints in {store.root}")
         return
     latest = store.latest_pointer()
-    click.echo(f"{'step':>8}  {'size':>10}  {'complete':>8}  {'verified':>8}  note")
+    click.echo(f"{'step':>8}  {'size':>10}  {'complete':>8}  {'checked':>9}  note")
     for info in infos:
-        verified = f"{info.check}" if info.verified else "no"
+        checked = CHECK_SHORT[check] if info.verified else "FAILED" if info.complete else "-"
         note = "latest" if info.complete and info.step == latest else ""
         note = info.problem or note
         click.echo(
-            f"{info.step:>8}  {_human(info.bytes):>10}  {'yes' if info.complete else 'no':>8}  {verified:>8}  {note}"
+            f"{info.step:>8}  {_human(info.bytes):>10}  {'yes' if info.complete else 'no':>8}  {checked:>9}  {note}"
         )
+    click.echo(f"checked: {CHECK_WORDS[check]}")
 
 
 @ckpt.command()
 @run_argument
 @click.argument("step", type=int, required=False)
-def verify(run: Path, step: int | None) -> None:
+@json_option
+def verify(run: str, step: int | None, as_json: bool) -> None:
     """Check sha256 of every file of STEP (default: every committed checkpoint); exit 1 if corrupt."""
     store = open_store(run)
-    steps = [step] if step is not None else store.committed_steps()
+    committed = store.committed_steps()
+    if step is not None and step not in committed:
+        unfinished = {path.name for path in store.partial()}
+        partial = " (an unfinished save of it exists)" if f".tmp-{store.path(step).name}" in unfinished else ""
+        have = ", ".join(map(str, committed)) or "none"
+        raise UserError(f"{store.root}: no such checkpoint: step {step}{partial}; committed steps: {have}")
+    steps = [step] if step is not None else committed
     if not steps:
         raise CheckpointError(f"{store.root}: no committed checkpoints to verify")
     failures = []
+    results: list[dict[str, object]] = []
     for s in steps:
         try:
             manifest = store.verify(s, check="sha256")
         except CheckpointError as exc:
             failures.append(str(exc))
-            click.echo(f"step {s}: CORRUPT: {exc}")
+            results.append({"step": s, "ok": False, "problem": str(exc)})
+            if not as_json:
+                click.echo(f"step {s}: CORRUPT: {exc}")
         else:
-            click.echo(f"step {s}: ok ({len(manifest.files)} files, {_human(manifest.bytes)})")
+            results.append({"step": s, "ok": True, "files": len(manifest.files), "bytes": manifest.bytes})
+            if not as_json:
+                click.echo(f"step {s}: ok ({len(manifest.files)} files, {_human(manifest.bytes)})")
+    if as_json:
+        echo_json({"check": "sha256", "checkpoints": results})
     if failures:
         raise CheckpointError(f"{len(failures)} of {len(steps)} checkpoint(s) failed verification: {failures[0]}")
 
@@ -87,7 +107,7 @@ def verify(run: Path, step: int | None) -> None:
 @click.option("--keep", "keep_last", type=click.IntRange(min=1), required=True, help="Keep the newest K checkpoints.")
 @click.option("--every", "keep_every", type=click.IntRange(min=0), default=0, help="Also keep every M-th step.")
 @click.option("--partial", is_flag=True, help="Also delete unfinished saves (only when no job is running).")
-def prune(run: Path, keep_last: int, keep_every: int, partial: bool) -> None:
+def prune(run: str, keep_last: int, keep_every: int, partial: bool) -> None:
     """Delete checkpoints beyond the newest K (and every M-th step)."""
     store = open_store(run)
     removed = store.apply_retention(keep_last=keep_last, keep_every=keep_every)

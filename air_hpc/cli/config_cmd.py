@@ -1,11 +1,9 @@
 """``air-hpc config show``: the fully resolved job config."""
 
-import json
-
 import click
 import yaml
 
-from air_hpc.cli.options import job_argument, json_option, set_option
+from air_hpc.cli.options import echo_json, job_argument, json_option, set_option
 from air_hpc.config import load_job
 
 
@@ -29,6 +27,6 @@ def show(job_file: str, overrides: tuple[str, ...], as_json: bool) -> None:
         "run_dir": str(job.run.dir),
     }
     if as_json:
-        click.echo(json.dumps(data, indent=2, sort_keys=True))
+        echo_json(data)
     else:
         click.echo(yaml.safe_dump(data, sort_keys=False), nl=False)

@@ -1,14 +1,15 @@
 """``air-hpc render | submit | status | logs | cancel``: launch, watch and stop a run."""
 
 import getpass
-import json
+import logging
+import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from air_hpc.cli.options import job_argument, json_option, set_option
+from air_hpc.cli.options import echo_json, job_argument, json_option, run_argument, set_option
 from air_hpc.errors import UserError
 
 if TYPE_CHECKING:
@@ -28,10 +29,6 @@ def _client() -> "SlurmClient":
     obj = click.get_current_context().obj
     injected = obj.get("slurm_client") if isinstance(obj, dict) else None
     return injected if isinstance(injected, SlurmClient) else SlurmClient(retries=2, backoff_s=1.0)
-
-
-def _echo_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=True))
 
 
 @click.command()
@@ -89,7 +86,7 @@ def submit(
     done = submitting.submit(job, executor, client, python=python)  # type: ignore[arg-type]
     if not wait:
         if as_json:
-            _echo_json(done.to_json())
+            echo_json(done.to_json())
         else:
             for note in done.plan.notes:
                 click.echo(f"note: {note}", err=True)
@@ -101,7 +98,7 @@ def submit(
 def _report_dry_run(planned: Any, as_json: bool) -> None:
     test_only = planned.test_only
     if as_json:
-        _echo_json(
+        echo_json(
             {
                 "run_dir": str(planned.spec.run_dir),
                 "nodelist": planned.request.nodelist,
@@ -138,7 +135,7 @@ def _wait_and_summarize(done: Any, client: Any, as_json: bool) -> None:
         wait_slurm(client, done.job_id, on_change=show)
     status = run_status(RunDir(done.run_dir), client)
     if as_json:
-        _echo_json(status.to_json())
+        echo_json(status.to_json())
     else:
         click.echo(_summary(status))
         if status.progress is not None:
@@ -177,7 +174,7 @@ def status(target: str | None, as_json: bool) -> None:
     if target is None:
         records = client.squeue(user=getpass.getuser())
         if as_json:
-            _echo_json(
+            echo_json(
                 [{"job_id": r.job_id, "state": str(r.state), "nodelist": r.nodelist, "name": r.name} for r in records]
             )
         else:
@@ -189,7 +186,7 @@ def status(target: str | None, as_json: bool) -> None:
         if job is None:
             raise UserError(f"job {target}: neither squeue nor sacct knows it")
         if as_json:
-            _echo_json(job.to_json())
+            echo_json(job.to_json())
         else:
             click.echo(
                 f"job {job.job_id} ({job.name}): {job.state}, {job.nodes} node(s) {job.nodelist}, "
@@ -198,7 +195,7 @@ def status(target: str | None, as_json: bool) -> None:
         return
     result = run_status(resolve_run(target), client)
     if as_json:
-        _echo_json(result.to_json())
+        echo_json(result.to_json())
         return
     click.echo(_summary(result))
     if result.progress is not None:
@@ -210,48 +207,63 @@ def status(target: str | None, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("run")
+@run_argument
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the job ends.")
-@click.option("--rank", type=click.IntRange(min=0), help="Only this rank's output.")
-def logs(run: str, follow: bool, rank: int | None) -> None:
-    """Print a run's output (the batch log, or one rank's)."""
-    from air_hpc.launch.control import log_files, rank_filter, run_status
+@click.option("--rank", type=click.IntRange(min=0), help="Only this rank's output (its log and what it printed).")
+@click.option("--grep", "pattern", metavar="REGEX", help="Only lines matching this regular expression.")
+@json_option
+def logs(run: str, follow: bool, rank: int | None, pattern: str | None, as_json: bool) -> None:
+    """Print a run's output (the batch log, or one rank's), each file under a ``==> file <==`` header."""
+    from air_hpc.launch.control import check_rank, log_sources, run_status
     from air_hpc.launch.runs import latest_submission, resolve_run
 
+    if follow and as_json:
+        raise UserError("--follow and --json: choose one (--json prints what is there now)")
+    try:
+        matcher = re.compile(pattern) if pattern is not None else None
+    except re.error as exc:
+        raise UserError(f"--grep {pattern!r}: not a regular expression: {exc}") from None
     run_dir = resolve_run(run)
+    check_rank(run_dir, rank)
     record = latest_submission(run_dir)
-    files = log_files(run_dir, record, rank)
-    prefix = rank_filter(record, rank)
-    offsets = dict.fromkeys(files, 0)
-    several = len(files) > 1 and prefix is None
+    sources = log_sources(run_dir, record, rank)
+    offsets = {source: 0 for source in sources}
     shown_last: list[Path | None] = [None]
+    collected: list[dict[str, str]] = []
 
-    def drain(whole: bool) -> bool:
+    def label(path: Path) -> str:
+        return str(path.relative_to(run_dir.path)) if path.is_relative_to(run_dir.path) else str(path)
+
+    def drain(whole: bool) -> None:
         """Print what was appended; while following, hold back a line still being written."""
-        printed = False
-        for path in files:
+        for source in sources:
             try:
-                with path.open("rb") as handle:
-                    handle.seek(offsets[path])
+                with source.path.open("rb") as handle:
+                    handle.seek(offsets[source])
                     data = handle.read()
             except FileNotFoundError:
                 continue
             complete = data if whole else data[: data.rfind(b"\n") + 1]
-            offsets[path] += len(complete)
-            lines = complete.decode(errors="replace").splitlines()
-            if prefix is not None:
-                lines = [line for line in lines if line.lstrip().startswith(prefix)]
-            if lines and several and shown_last[0] != path:
-                click.echo(f"==> {path.name} <==")
-                shown_last[0] = path
+            offsets[source] += len(complete)
+            lines = source.select(complete.decode(errors="replace").splitlines())
+            if matcher is not None:
+                lines = [line for line in lines if matcher.search(line)]
+            if as_json:
+                collected.extend({"file": label(source.path), "line": line} for line in lines)
+                continue
+            if lines and shown_last[0] != source.path:
+                click.echo(f"==> {label(source.path)} <==")
+                shown_last[0] = source.path
             for line in lines:
                 click.echo(line)
-            printed = printed or bool(lines)
-        return printed
 
     drain(whole=not follow)
-    if not any(path.exists() for path in files) and not follow:
-        raise UserError(f"{run}: no output yet for job {record.job_id} (looked for {', '.join(p.name for p in files)})")
+    if not any(source.path.exists() for source in sources) and not follow:
+        looked = ", ".join(label(source.path) for source in sources)
+        raise UserError(f"{run}: no output yet for job {record.job_id} (looked for {looked})")
+    if as_json:
+        echo_json({"run_dir": str(run_dir.path), "job_id": record.job_id, "rank": rank, "lines": collected})
+        return
     if not follow:
         return
     client = _client()
@@ -265,11 +277,58 @@ def logs(run: str, follow: bool, rank: int | None) -> None:
 
 
 @click.command()
-@click.argument("run")
-def cancel(run: str) -> None:
+@run_argument
+@json_option
+def cancel(run: str, as_json: bool) -> None:
     """Cancel a run's current job."""
     from air_hpc.launch.control import cancel_run
     from air_hpc.launch.runs import resolve_run
 
-    record = cancel_run(resolve_run(run), _client())
-    click.echo(f"cancelled job {record.job_id} ({record.executor})")
+    run_dir = resolve_run(run)
+    record = cancel_run(run_dir, _client())
+    if as_json:
+        echo_json(
+            {"run_dir": str(run_dir.path), "job_id": record.job_id, "executor": record.executor, "cancelled": True}
+        )
+    else:
+        click.echo(f"cancelled job {record.job_id} ({record.executor})")
+
+
+@click.command()
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Directory holding the run directories [default: $AIR_HPC_RUNS_ROOT, else ./runs].",
+)
+@json_option
+def runs(root: str | None, as_json: bool) -> None:
+    """List the runs under the runs root: state, step/total, loss, restarts, goodput, checkpoint age, job."""
+    from air_hpc.errors import AirHpcError
+    from air_hpc.launch.control import run_status
+    from air_hpc.launch.runs import find_runs, latest_submission, runs_root
+    from air_hpc.observe.overview import run_row, runs_table
+
+    client = _client()
+    rows = []
+    for run_dir in find_runs(root):
+        state, job_id, restarts = "not submitted", None, None
+        try:
+            job_id = latest_submission(run_dir).job_id
+            status = run_status(run_dir, client)
+            state, restarts = str(status.job.state), status.restarts
+        except AirHpcError as exc:
+            state = state if job_id is None else "unknown"
+            logging.getLogger(__name__).info("%s: %s", run_dir.path, exc)
+        rows.append(run_row(run_dir, state, job_id, restarts, time.time()))
+    if as_json:
+        echo_json({"root": str(runs_root(root)), "runs": [row.to_json() for row in rows]})
+        return
+    if not rows:
+        click.echo(f"no runs under {runs_root(root)}")
+        return
+    from rich.console import Console
+
+    console = Console()
+    # Piped: no terminal width to fit, so keep each run on one line for grep and awk.
+    (console if console.is_terminal else Console(width=250)).print(runs_table(rows))

@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from air_hpc import __version__
+from air_hpc.cli.options import json_requested, to_json
 from air_hpc.errors import AirHpcError
 from air_hpc.exitcodes import ExitCode
 
@@ -31,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "plot": "air_hpc.cli.observe_cmds:plot",
     "report": "air_hpc.cli.observe_cmds:report",
     "topo": "air_hpc.cli.topo_cmd:topo",
+    "runs": "air_hpc.cli.job_cmds:runs",
 }
 
 
@@ -57,20 +59,32 @@ def cli(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+def _fail(message: str, exit_code: int) -> None:
+    """Say what went wrong once: one line on stderr, or ``{"error", "exit_code"}`` when --json was given."""
+    if json_requested.get():
+        click.echo(to_json({"error": message, "exit_code": exit_code}))
+    else:
+        click.echo(message, err=True)
+    sys.exit(exit_code)
+
+
 def main(argv: list[str] | None = None) -> Any:
+    json_requested.set(False)
     try:
         return cli.main(args=argv, prog_name="air-hpc", standalone_mode=False)
     except AirHpcError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(int(exc.exit_code))
+        _fail(f"error: {exc}", int(exc.exit_code))
     except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(130)
+        _fail("aborted", 130)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
+        exit_code = ExitCode.USAGE if exc.exit_code == 2 else exc.exit_code
+        # A usage error can stop parsing before --json was processed: then the words tell.
+        if json_requested.get() or "--json" in (sys.argv[1:] if argv is None else argv):
+            json_requested.set(True)
+            _fail(f"error: {exc.format_message()}", exit_code)
         exc.show()
-        sys.exit(ExitCode.USAGE if exc.exit_code == 2 else exc.exit_code)
+        sys.exit(exit_code)
     except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        sys.exit(130)
+        _fail("interrupted", 130)

@@ -1,12 +1,11 @@
 """``air-hpc plot | report``: what a run did, from its files (works after the job left the queue)."""
 
-import json
 import time
 from typing import TYPE_CHECKING
 
 import click
 
-from air_hpc.cli.options import json_option
+from air_hpc.cli.options import echo_json, json_option
 from air_hpc.errors import UserError
 
 if TYPE_CHECKING:
@@ -56,6 +55,6 @@ def report(run: str, as_json: bool) -> None:
     if as_json:
         progress = run_progress(records, time.time())
         data = {**built.to_json(), "progress": progress.to_json() if progress else None}
-        click.echo(json.dumps(data, indent=2, sort_keys=True))
+        echo_json(data)
     else:
         click.echo(format_report(built))

@@ -1,9 +1,21 @@
-"""Options shared by every command that takes a job config."""
+"""Options shared by commands: ``--set``, ``--json`` (and the one JSON style), the run argument."""
 
+import json
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 import click
+
+#: Set when a command was given ``--json``, so the error boundary answers in JSON too.
+json_requested: ContextVar[bool] = ContextVar("json_requested", default=False)
+
+
+def _remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    if value:
+        json_requested.set(True)
+    return value
+
 
 set_option = click.option(
     "--set",
@@ -12,8 +24,29 @@ set_option = click.option(
     metavar="KEY=VALUE",
     help="Override a config key (repeatable), e.g. --set train.steps=100.",
 )
-json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
+json_option = click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    is_eager=True,
+    callback=_remember_json,
+    help="Machine-readable JSON output (errors too).",
+)
+
+
+def to_json(data: Any) -> str:
+    """The one JSON style of every ``--json`` output: indented, keys sorted."""
+    return json.dumps(data, indent=2, sort_keys=True, default=str)
+
+
+def echo_json(data: Any) -> None:
+    click.echo(to_json(data))
 
 
 def job_argument(func: Callable[..., Any]) -> Callable[..., Any]:
     return click.argument("job_file", type=click.Path(dir_okay=False))(func)
+
+
+def run_argument(func: Callable[..., Any]) -> Callable[..., Any]:
+    """RUN: a run directory, a run name under the runs root, or the run's job file."""
+    return click.argument("run", metavar="RUN")(func)

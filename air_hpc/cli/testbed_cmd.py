@@ -1,6 +1,5 @@
 """``air-hpc testbed up|down|status|env``: the embedded local Slurm cluster."""
 
-import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -9,6 +8,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from air_hpc.cli.options import echo_json, json_option
 from air_hpc.errors import UserError
 from air_hpc.testbed import Testbed, default_state_dir
 
@@ -55,12 +55,12 @@ def down(state_dir: Path | None) -> None:
 
 @testbed.command()
 @state_dir_option
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
+@json_option
 def status(state_dir: Path | None, as_json: bool) -> None:
     """Show nodes, their states and the daemons' PIDs."""
     info = Testbed(state_dir).status()
     if as_json:
-        click.echo(json.dumps(info, indent=2, sort_keys=True))
+        echo_json(info)
     else:
         _print_status(info)
 

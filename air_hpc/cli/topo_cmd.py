@@ -1,12 +1,13 @@
 """``air-hpc topo``: import a fabric, look at it, and pick nodes from it."""
 
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
+
+from air_hpc.cli.options import echo_json, json_option
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ def show(topology_file: str, unavailable: str | None, unavailable_file: str | No
 @click.option("--topology", "topology_file", required=True, metavar="FILE", help="topology.conf (tree or block).")
 @click.option("-N", "--nodes", "count", required=True, type=int, help="Number of nodes wanted.")
 @_with_unavailable
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
+@json_option
 def select_(
     topology_file: str,
     count: int,
@@ -186,7 +187,7 @@ def select_(
         "top_switch": sel.top_switch,
     }
     if as_json:
-        click.echo(json.dumps(data, indent=2))
+        echo_json(data)
         return
     click.echo(f"nodelist: {sel.nodelist}")
     click.echo(f"leaf switches: {len(sel.leaves)} ({', '.join(sel.leaves)}); lower bound {sel.lower_bound_leaves}")

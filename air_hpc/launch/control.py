@@ -89,26 +89,44 @@ def run_status(run_dir: RunDir, client: SlurmClient) -> RunStatus:
     return RunStatus(run_dir, record, job, progress, read_bad_nodes(run_dir.bad_nodes))
 
 
-def log_files(run_dir: RunDir, record: SubmissionRecord, rank: int | None = None) -> list[Path]:
+@dataclass(frozen=True)
+class LogSource:
+    """One file holding a run's output, and the ``srun --label`` prefix that picks one rank's lines from it."""
+
+    path: Path
+    rank_prefix: str | None = None
+
+    def select(self, lines: list[str]) -> list[str]:
+        if self.rank_prefix is None:
+            return lines
+        return [line for line in lines if line.lstrip().startswith(self.rank_prefix)]
+
+
+def log_sources(run_dir: RunDir, record: SubmissionRecord, rank: int | None = None) -> list[LogSource]:
     """The files holding a run's output (existing or not yet written), most useful first.
 
-    ``rank``: the rank's own log when the trainer wrote one, else the
-    executor's per-task output.
+    ``rank``: the trainer's own log of that rank, then what the executor
+    captured of its stdout/stderr (our batch log's ``N: `` lines, or
+    submitit's per-task files); else the batch script's (or task 0's) output.
     """
-    if rank is not None and run_dir.rank_log(rank).exists():
-        return [run_dir.rank_log(rank)]
     if record.executor == "slurm":
-        return list(batch_log_paths(run_dir.path, record.job_id))
+        batch = batch_log_paths(run_dir.path, record.job_id)
+        if rank is None:
+            return [LogSource(path) for path in batch]
+        return [LogSource(run_dir.rank_log(rank)), *(LogSource(path, f"{rank}: ") for path in batch)]
     folder = run_dir.path / "submitit"
     task = rank if rank is not None else 0
-    return [folder / f"{record.job_id}_{task}_log.out", folder / f"{record.job_id}_{task}_log.err"]
+    captured = [LogSource(folder / f"{record.job_id}_{task}_log.{kind}") for kind in ("out", "err")]
+    return captured if rank is None else [LogSource(run_dir.rank_log(rank)), *captured]
 
 
-def rank_filter(record: SubmissionRecord, rank: int | None) -> str | None:
-    """Line prefix that selects one rank from ``srun --label`` output (our script's batch log)."""
-    if rank is None or record.executor != "slurm":
-        return None
-    return f"{rank}: "
+def check_rank(run_dir: RunDir, rank: int | None) -> None:
+    """A ``--rank`` beyond the run's world size is a mistake, not an empty log."""
+    if rank is None or not run_dir.job_json.is_file():
+        return
+    world = run_dir.read_job().resources.world_size
+    if rank >= world:
+        raise UserError(f"--rank {rank}: run {run_dir.path.name} has {world} ranks (0-{world - 1})")
 
 
 def cancel_run(run_dir: RunDir, client: SlurmClient) -> SubmissionRecord:

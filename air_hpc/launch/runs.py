@@ -5,8 +5,10 @@ appends one ``started`` line per start, so requeues show up as further starts
 of the same job id.
 """
 
+import difflib
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,10 +61,55 @@ def latest_submission(run_dir: RunDir) -> SubmissionRecord:
     return records[-1]
 
 
-def resolve_run(target: str) -> RunDir:
-    """A run directory given by path (absolute, or relative to the current directory)."""
+#: Where run names are looked up (``air-hpc status NAME``); default ``./runs``.
+RUNS_ROOT_ENV = "AIR_HPC_RUNS_ROOT"
+
+
+def runs_root(root: Path | str | None = None) -> Path:
+    """The directory holding run directories: ``root``, else $AIR_HPC_RUNS_ROOT, else ./runs."""
+    chosen = root if root is not None else os.environ.get(RUNS_ROOT_ENV) or "runs"
+    return Path(chosen).expanduser().resolve()
+
+
+def is_run_dir(path: Path) -> bool:
+    """A directory air-hpc made for a run: it holds the resolved job, the submissions or checkpoints."""
+    run_dir = RunDir(path)
+    return run_dir.job_json.is_file() or run_dir.submissions.is_file() or run_dir.checkpoints.is_dir()
+
+
+def find_runs(root: Path | str | None = None) -> list[RunDir]:
+    """The run directories directly under the runs root, by name."""
+    base = runs_root(root)
+    if not base.is_dir():
+        return []
+    return [RunDir(p) for p in sorted(base.iterdir()) if p.is_dir() and is_run_dir(p)]
+
+
+def resolve_run(target: str, root: Path | str | None = None) -> RunDir:
+    """The one way every command finds a run: a run directory, a run name under the runs root, or a job file.
+
+    A job file names its run (``run.root``/``run.name``), so the file a run was
+    submitted with finds it again.
+    """
     path = Path(target).expanduser()
-    run_dir = RunDir(path.resolve())
-    if not run_dir.job_json.is_file() and not run_dir.submissions.is_file():
-        raise UserError(f"{target}: not a run directory (no job.json or submissions.jsonl); give the path of a run")
-    return run_dir
+    if path.is_file():
+        from air_hpc.config import load_job
+
+        return RunDir.of(load_job(path))
+    if path.is_dir():
+        if is_run_dir(path):
+            return RunDir(path.resolve())
+        raise UserError(
+            f"{target}: not a run directory (no job.json, submissions.jsonl or checkpoints/); give a run directory, "
+            "a run name or a job file"
+        )
+    base = runs_root(root)
+    if path.name == target and is_run_dir(base / target):
+        return RunDir(base / target)
+    names = [r.path.name for r in find_runs(base)]
+    close = difflib.get_close_matches(target, names, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise UserError(
+        f"{target}: no such run: not a run directory, a job file, or a run name under {base}{hint} "
+        f"(`air-hpc runs --root DIR` lists them; ${RUNS_ROOT_ENV} sets the root)"
+    )

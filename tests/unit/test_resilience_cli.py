@@ -43,9 +43,19 @@ def test_list_table_shows_latest_and_corruption(run: Path, capsys: pytest.Captur
     code, out, _ = run_main(["ckpt", "list", str(run), "--sha256"], capsys)
     assert code == 0
     lines = out.splitlines()
-    assert lines[0].split() == ["step", "size", "complete", "verified", "note"]
-    assert "sha256" in lines[1] and "corrupt" in lines[2] and lines[3].endswith("latest")
+    assert lines[0].split() == ["step", "size", "complete", "checked", "note"]
+    assert "sha256 ok" in lines[1] and "FAILED" in lines[2] and "corrupt" in lines[2] and lines[3].endswith("latest")
     assert "save did not finish" in lines[4]
+    assert lines[5] == "checked: sha256 of every file matches the manifest (contents read in full)"
+
+
+def test_list_says_a_size_check_reads_no_contents(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    flip_byte(run / "checkpoints" / "step_0000020" / "__0_0.distcp")
+    code, out, _ = run_main(["ckpt", "list", str(run)], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert "sizes ok" in lines[2] and "sha256" not in lines[2]
+    assert lines[-1].startswith("checked: file sizes match the manifest (contents not read")
 
 
 def test_verify_ok_and_corrupt(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -67,19 +77,34 @@ def test_prune(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["ckpt", "list", "/nonexistent/run"], "no such run directory"),
-        (["ckpt", "verify", "{run}", "99"], "step_0000099: no such checkpoint"),
+        (["ckpt", "list", "/nonexistent/run"], "no such run"),
+        (["ckpt", "verify", "{run}", "99"], "no such checkpoint: step 99; committed steps: 10, 20, 30"),
+        (["ckpt", "verify", "{run}", "40"], "no such checkpoint: step 40 (an unfinished save of it exists)"),
         (["ckpt", "prune", "{run}", "--keep", "0"], "--keep"),
         (["ckpt", "prune", "{run}"], "Missing option '--keep'"),
     ],
 )
 def test_bad_input(run: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
     code, _, err = run_main([a.format(run=run) for a in args], capsys)
-    assert code in (1, 2) and message in err
-    assert code == (1 if "no such checkpoint" in message else 2)
+    assert code == 2 and message in err and "CORRUPT" not in err
+
+
+def test_verify_json_and_json_errors(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_main(["ckpt", "verify", str(run), "30", "--json"], capsys)
+    assert code == 0
+    assert json.loads(out)["checkpoints"] == [
+        {"step": 30, "ok": True, "files": 3, "bytes": json.loads(out)["checkpoints"][0]["bytes"]}
+    ]
+    code, out, err = run_main(["ckpt", "verify", str(run), "99", "--json"], capsys)
+    assert code == 2 and err == ""
+    assert json.loads(out) == {
+        "error": f"error: {run / 'checkpoints'}: no such checkpoint: step 99; committed steps: 10, 20, 30",
+        "exit_code": 2,
+    }
+    assert out.startswith('{\n  "error"')
 
 
 def test_verify_empty_run_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "checkpoints").mkdir(parents=True)
     code, _, err = run_main(["ckpt", "verify", str(tmp_path / "empty")], capsys)
     assert code == 1 and "no committed checkpoints" in err

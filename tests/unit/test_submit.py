@@ -178,7 +178,7 @@ def test_cli_submit_status_logs_cancel(tmp_path: Path, capsys: pytest.CaptureFix
     assert "RUNNING" in text and "step 2/30, loss 8.2500" in text
 
     invoke(fake, ["logs", str(run), "--rank", "2"])
-    assert capsys.readouterr().out == "2: rank 2 on n2\n"
+    assert capsys.readouterr().out == f"==> logs/slurm-{job_id}.out <==\n2: rank 2 on n2\n"
     invoke(fake, ["logs", str(run)])
     assert "rank 1 on n1" in capsys.readouterr().out
 
@@ -239,7 +239,7 @@ def test_cli_logs_follow_stops_when_the_job_ends(tmp_path: Path, capsys: pytest.
     (done.run_dir / "logs" / f"slurm-{done.job_id}.err").write_text("air-hpc: step failed with exit code 1\npartial")
     invoke(fake, ["logs", str(done.run_dir), "-f"])
     out = capsys.readouterr().out
-    assert out == f"==> slurm-{done.job_id}.err <==\nair-hpc: step failed with exit code 1\npartial\n"
+    assert out == f"==> logs/slurm-{done.job_id}.err <==\nair-hpc: step failed with exit code 1\npartial\n"
 
 
 def test_run_records_survive_a_torn_last_line(tmp_path: Path) -> None:

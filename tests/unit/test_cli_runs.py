@@ -1,0 +1,177 @@
+"""Run handles (one resolver for directory, name and job file), ``air-hpc runs``, ``logs`` and ``--json``."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from air_hpc.cli.main import cli, main
+from air_hpc.launch.runs import RUNS_ROOT_ENV, record_submission, resolve_run
+from air_hpc.rundir import RunDir
+from air_hpc.slurm.fake import FakeSlurm
+from tests.unit.test_observe_report import REPO, preempted_run
+
+
+def run_main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as info:
+        main(args)
+        raise SystemExit(0)
+    out, err = capsys.readouterr()
+    return int(info.value.code or 0), out, err
+
+
+def invoke(args: list[str], fake: FakeSlurm, capsys: pytest.CaptureFixture[str]) -> str:
+    cli.main(args=args, standalone_mode=False, obj={"slurm_client": fake})
+    return capsys.readouterr().out
+
+
+@pytest.fixture
+def slurm_run(tmp_path: Path) -> tuple[RunDir, FakeSlurm, str]:
+    """The preempted run of test_observe_report, submitted through our script and running on the fake."""
+    run_dir = preempted_run(tmp_path / "runs")
+    fake = FakeSlurm()
+    job_id = fake.sbatch(run_dir.job_json)
+    record_submission(run_dir, job_id, "slurm")
+    fake.start(job_id, "n[1-2]")
+    return run_dir, fake, job_id
+
+
+def test_one_resolver_takes_a_directory_a_name_or_a_job_file(
+    slurm_run: tuple[RunDir, FakeSlurm, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir, _, _ = slurm_run
+    assert resolve_run(str(run_dir.path)) == run_dir
+    assert resolve_run("gpt-tiny-local", root=tmp_path / "runs") == run_dir
+    monkeypatch.setenv(RUNS_ROOT_ENV, str(tmp_path / "runs"))
+    assert resolve_run("gpt-tiny-local") == run_dir
+    job_file = tmp_path / "job.yaml"
+    text = (REPO / "configs" / "jobs" / "gpt-tiny-local.yaml").read_text()
+    job_file.write_text(text.replace("root: runs", f"root: {tmp_path / 'runs'}"))
+    assert resolve_run(str(job_file)) == run_dir
+
+
+def test_an_unknown_run_suggests_the_closest_name(
+    slurm_run: tuple[RunDir, FakeSlurm, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv(RUNS_ROOT_ENV, str(tmp_path / "runs"))
+    code, _, err = run_main(["status", "gpt-tiny-lcoal"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "no such run" in err and "did you mean 'gpt-tiny-local'?" in err
+
+
+def test_status_and_cancel_by_name(
+    slurm_run: tuple[RunDir, FakeSlurm, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, fake, job_id = slurm_run
+    monkeypatch.setenv(RUNS_ROOT_ENV, str(tmp_path / "runs"))
+    assert json.loads(invoke(["status", "gpt-tiny-local", "--json"], fake, capsys))["state"] == "RUNNING"
+    out = invoke(["cancel", "gpt-tiny-local", "--json"], fake, capsys)
+    assert out.startswith("{\n  ")
+    assert json.loads(out) == {
+        "cancelled": True,
+        "executor": "slurm",
+        "job_id": job_id,
+        "run_dir": str(tmp_path / "runs" / "gpt-tiny-local"),
+    }
+    assert ["scancel", job_id] in fake.calls
+
+
+def test_runs_lists_every_run_under_the_root(
+    slurm_run: tuple[RunDir, FakeSlurm, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, fake, job_id = slurm_run
+    RunDir(tmp_path / "runs" / "fresh").write_job(RunDir(tmp_path / "runs" / "gpt-tiny-local").read_job())
+    (tmp_path / "runs" / "not-a-run").mkdir()
+    data = json.loads(invoke(["runs", "--root", str(tmp_path / "runs"), "--json"], fake, capsys))
+    assert data["root"] == str(tmp_path / "runs")
+    first, second = data["runs"]
+    assert (first["name"], first["state"], first["step"], first["total_steps"], first["job_id"]) == (
+        "fresh",
+        "not submitted",
+        None,
+        20,
+        None,
+    )
+    assert (second["name"], second["state"], second["step"], second["restarts"], second["job_id"]) == (
+        "gpt-tiny-local",
+        "RUNNING",
+        10,
+        1,
+        job_id,
+    )
+    assert second["goodput"] == pytest.approx(10.0 / 38.5)
+    assert second["loss"] == pytest.approx(4.0)
+    table = invoke(["runs", "--root", str(tmp_path / "runs")], fake, capsys)
+    header, fresh, row = table.splitlines()[:3]
+    assert header.split() == ["run", "state", "step", "loss", "restarts", "goodput", "last", "ckpt", "job"]
+    assert fresh.split() == ["fresh", "not", "submitted", "-", "-", "0", "-", "-", "-"]
+    assert row.split()[:6] == ["gpt-tiny-local", "RUNNING", "10/20", "4.0000", "1", "26.0%"]
+    assert row.split()[-1] == job_id
+
+
+def test_runs_on_an_empty_root(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_main(["runs", "--root", str(tmp_path)], capsys)
+    assert code == 0 and out == f"no runs under {tmp_path}\n"
+
+
+def write_logs(run_dir: RunDir, job_id: str) -> None:
+    run_dir.logs.mkdir(parents=True, exist_ok=True)
+    run_dir.rank_log(1).write_text("t rank=1 INFO air_hpc.train.trainer: step 1/20 lr 0.001\n")
+    run_dir.rank_log(3).write_text("t rank=3 INFO air_hpc.train.trainer: step 1/20 loss 5.100000\n")
+    (run_dir.logs / f"slurm-{job_id}.out").write_text("0: hello from 0\n1: hello from 1\n1: step done\n")
+    (run_dir.logs / f"slurm-{job_id}.err").write_text("air-hpc: job started\n1: a warning\n")
+
+
+def test_logs_of_one_rank_name_their_files(
+    slurm_run: tuple[RunDir, FakeSlurm, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir, _, job_id = slurm_run
+    write_logs(run_dir, job_id)
+    code, out, _ = run_main(["logs", str(run_dir.path), "--rank", "1"], capsys)
+    assert code == 0
+    assert out.splitlines() == [
+        "==> logs/rank-1.log <==",
+        "t rank=1 INFO air_hpc.train.trainer: step 1/20 lr 0.001",
+        f"==> logs/slurm-{job_id}.out <==",
+        "1: hello from 1",
+        "1: step done",
+        f"==> logs/slurm-{job_id}.err <==",
+        "1: a warning",
+    ]
+    code, out, _ = run_main(["logs", str(run_dir.path), "--rank", "1", "--grep", "step"], capsys)
+    assert out.splitlines() == [
+        "==> logs/rank-1.log <==",
+        "t rank=1 INFO air_hpc.train.trainer: step 1/20 lr 0.001",
+        f"==> logs/slurm-{job_id}.out <==",
+        "1: step done",
+    ]
+    code, out, _ = run_main(["logs", str(run_dir.path), "--grep", "^air-hpc", "--json"], capsys)
+    assert json.loads(out)["lines"] == [{"file": f"logs/slurm-{job_id}.err", "line": "air-hpc: job started"}]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--rank", "9"], "--rank 9: run gpt-tiny-local has 4 ranks (0-3)"),
+        (["--grep", "("], "--grep '(': not a regular expression"),
+    ],
+)
+def test_logs_bad_input_exits_2(
+    slurm_run: tuple[RunDir, FakeSlurm, str], capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    run_dir, _, job_id = slurm_run
+    write_logs(run_dir, job_id)
+    code, out, err = run_main(["logs", str(run_dir.path), *args], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1 and message in err
+
+
+def test_usage_errors_are_json_too_when_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_main(["runs", "--root", str(tmp_path), "--json", "--bogus"], capsys)
+    assert code == 2 and err == ""
+    assert json.loads(out) == {"error": "error: No such option '--bogus'.", "exit_code": 2}
