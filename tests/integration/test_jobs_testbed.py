@@ -127,7 +127,10 @@ def test_two_node_job_runs_and_status_and_logs_follow_it(testbed: Any, tmp_path:
     for host in pinned:
         assert f"on {host} restart 0" in logs.stdout, logs.stdout
     rank0 = cli(testbed, "logs", str(done.run_dir), "--rank", "0")
-    assert rank0.stdout.strip() == f"0: rank 0 on {done.plan.request.rank_hosts[0]} restart 0"
+    assert rank0.stdout.splitlines() == [
+        f"==> logs/slurm-{done.job_id}.out <==",
+        f"0: rank 0 on {done.plan.request.rank_hosts[0]} restart 0",
+    ]
 
 
 def test_usr2_to_the_batch_shell_requeues_once_then_completes(testbed: Any, tmp_path: Path, payload: Path) -> None:
