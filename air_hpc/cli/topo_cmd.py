@@ -159,24 +159,71 @@ def show(topology_file: str, unavailable: str | None, unavailable_file: str | No
 @topo.command("select")
 @click.option("--topology", "topology_file", required=True, metavar="FILE", help="topology.conf (tree or block).")
 @click.option("-N", "--nodes", "count", required=True, type=int, help="Number of nodes wanted.")
+@click.option(
+    "--segment",
+    type=int,
+    metavar="K",
+    help="Block topologies: split the job into segments of K nodes, each inside one base block (sbatch --segment).",
+)
 @_with_unavailable
 @json_option
 def select_(
     topology_file: str,
     count: int,
+    segment: int | None,
     unavailable: str | None,
     unavailable_file: str | None,
     from_slurm: bool,
     as_json: bool,
 ) -> None:
-    """Pick COUNT free nodes on the fewest switches; print the hostlist and the --switches hint."""
+    """Pick COUNT free nodes: fewest switches on a tree, Slurm's block rules on a block topology."""
+    from air_hpc.errors import TopologyError
     from air_hpc.topology import treeconf
+    from air_hpc.topology.fabric import Fabric
+
+    topology = treeconf.read_topology(_read(topology_file, "--topology"), topology_file)
+    if isinstance(topology, Fabric):
+        if segment is not None:
+            raise TopologyError(
+                f"{topology_file}: --segment needs a block topology (BlockName= lines); this file is a switch tree"
+            )
+        data = _select_tree(
+            topology, _available(topology.nodes, _unavailable(unavailable, unavailable_file), from_slurm), count
+        )
+    else:
+        from air_hpc.topology.blocks import BlockModel
+
+        model = BlockModel(topology)
+        nodes = tuple(model.block_of)
+        data = _select_block(
+            model, _available(nodes, _unavailable(unavailable, unavailable_file), from_slurm), count, segment
+        )
+    if as_json:
+        echo_json(data)
+        return
+    click.echo(f"nodelist: {data['nodelist']}")
+    if "blocks" in data:
+        click.echo(
+            f"blocks: {len(data['blocks'])} ({', '.join(data['blocks'])}) inside an aggregate of "
+            f"{data['aggregate_nodes']} nodes; {data['whole_blocks_broken']} wholly free block(s) broken"
+        )
+        if data["segment"]:
+            click.echo(f"segments: {', '.join(data['segments'])}")
+    else:
+        click.echo(
+            f"leaf switches: {data['leaf_switches']} ({', '.join(data['leaves'])}); "
+            f"lower bound {data['lower_bound_leaves']}"
+        )
+        click.echo(f"switches per level (leaf first): {data['switches_by_level']} under {data['top_switch']}")
+    click.echo(f"sbatch: {' '.join(data['sbatch'])}")
+
+
+def _select_tree(fabric: Any, available: set[str], count: int) -> dict[str, Any]:
     from air_hpc.topology.select import select_nodes
 
-    fabric = treeconf.read_any(_read(topology_file, "--topology"), topology_file)
-    available = _available(fabric.nodes, _unavailable(unavailable, unavailable_file), from_slurm)
     sel = select_nodes(fabric, available, count)
-    data = {
+    return {
+        "plugin": "topology/tree",
         "nodelist": sel.nodelist,
         "nodes": list(sel.nodes),
         "leaf_switches": len(sel.leaves),
@@ -185,11 +232,24 @@ def select_(
         "lower_bound_leaves": sel.lower_bound_leaves,
         "switches_hint": sel.switches_hint,
         "top_switch": sel.top_switch,
+        "sbatch": [f"--nodes={count}", f"--nodelist={sel.nodelist}", f"--switches={sel.switches_hint}"],
     }
-    if as_json:
-        echo_json(data)
-        return
-    click.echo(f"nodelist: {sel.nodelist}")
-    click.echo(f"leaf switches: {len(sel.leaves)} ({', '.join(sel.leaves)}); lower bound {sel.lower_bound_leaves}")
-    click.echo(f"switches per level (leaf first): {list(sel.switches_by_level)} under {sel.top_switch}")
-    click.echo(f"sbatch: --nodelist={sel.nodelist} --switches={sel.switches_hint}")
+
+
+def _select_block(model: Any, available: set[str], count: int, segment: int | None) -> dict[str, Any]:
+    from air_hpc.topology import hostlists
+    from air_hpc.topology.block_select import select_blocks
+
+    sel = select_blocks(model, available, count, segment)
+    return {
+        "plugin": "topology/block",
+        "nodelist": sel.nodelist,
+        "nodes": list(sel.nodes),
+        "blocks": list(sel.blocks),
+        "segment": sel.segment,
+        "segments": [hostlists.compress(s) for s in sel.segments],
+        "aggregate": list(sel.aggregate),
+        "aggregate_nodes": sel.aggregate_nodes,
+        "whole_blocks_broken": sel.whole_blocks_broken,
+        "sbatch": list(sel.sbatch_options),
+    }

@@ -10,7 +10,7 @@ import csv
 import io
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from air_hpc.errors import InputError, TopologyError
 from air_hpc.topology import hostlists
@@ -87,11 +87,22 @@ def parse(text: str, source_name: str) -> Fabric:
     return build_fabric(specs, source_name)
 
 
-def read_any(text: str, source_name: str) -> Fabric:
-    """A tree or a block topology.conf (told apart by ``BlockName=``), as a fabric for selection."""
-    if re.search(r"^\s*BlockName=", text, re.IGNORECASE | re.MULTILINE):
-        return parse_block(text, source_name).to_fabric()
+def is_block_text(text: str) -> bool:
+    """Whether a topology.conf is the block form (``BlockName=`` lines) rather than a switch tree."""
+    return re.search(r"^\s*BlockName=", text, re.IGNORECASE | re.MULTILINE) is not None
+
+
+def read_topology(text: str, source_name: str) -> "Fabric | BlockTopology":
+    """A switch tree or a block topology, whichever the file holds."""
+    if is_block_text(text):
+        return parse_block(text, source_name)
     return parse(text, source_name)
+
+
+def read_any(text: str, source_name: str) -> Fabric:
+    """A tree or a block topology.conf, as a fabric (blocks as leaves) for display."""
+    topology = read_topology(text, source_name)
+    return topology.to_fabric() if isinstance(topology, BlockTopology) else topology
 
 
 def render(fabric: Fabric, header: str = "") -> str:
@@ -113,6 +124,8 @@ class Block:
     name: str
     nodes: tuple[str, ...]
     comment: str = ""
+    #: line in the source file, for error messages
+    line: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -120,8 +133,11 @@ class BlockTopology:
     """Slurm's topology/block: NVLink domains (blocks) and the block sizes jobs may be packed into."""
 
     blocks: tuple[Block, ...]
+    #: ``BlockSizes=`` as written (empty: Slurm's default, see :mod:`air_hpc.topology.blocks`)
     block_sizes: tuple[int, ...] = ()
     source: str = ""
+    #: line of ``BlockSizes=``, for error messages
+    sizes_line: int | None = field(default=None, compare=False)
 
     def to_fabric(self) -> Fabric:
         """Blocks as leaves under one switch, so selection treats an NVLink domain like a leaf."""
@@ -135,6 +151,7 @@ def parse_block(text: str, source_name: str) -> BlockTopology:
     """Read a topology/block topology.conf (``BlockName=`` lines and an optional ``BlockSizes=``)."""
     blocks: list[Block] = []
     sizes: tuple[int, ...] = ()
+    sizes_line: int | None = None
     owner: dict[str, str] = {}
     names: set[str] = set()
     for line, content, comment in _logical_lines(text):
@@ -148,6 +165,7 @@ def parse_block(text: str, source_name: str) -> BlockTopology:
             if len(pairs) != 1 or sizes:
                 raise TopologyError(f"{where}: BlockSizes= must stand alone on one line, once per file")
             sizes = _block_sizes(pairs["blocksizes"], where)
+            sizes_line = line
             continue
         if "blockname" not in pairs or "nodes" not in pairs:
             raise TopologyError(f"{where}: expected 'BlockName=NAME Nodes=HOSTLIST'")
@@ -160,10 +178,16 @@ def parse_block(text: str, source_name: str) -> BlockTopology:
             if node in owner:
                 raise TopologyError(f"{where}: node {node!r} is in both block {owner[node]!r} and {name!r}")
             owner[node] = name
-        blocks.append(Block(name=name, nodes=nodes, comment=comment))
+        blocks.append(Block(name=name, nodes=nodes, comment=comment, line=line))
     if not blocks:
         raise TopologyError(f"{source_name}: no blocks defined; expected lines like 'BlockName=b1 Nodes=n[1-18]'")
-    return BlockTopology(blocks=tuple(blocks), block_sizes=sizes, source=source_name)
+    topology = BlockTopology(blocks=tuple(blocks), block_sizes=sizes, source=source_name, sizes_line=sizes_line)
+    check_base_size(topology)
+    return topology
+
+
+#: Slurm keeps at most 16 aggregation levels (base x 2^0 .. base x 2^15)
+MAX_BLOCK_LEVEL = 15
 
 
 def _block_sizes(value: str, where: str) -> tuple[int, ...]:
@@ -171,9 +195,38 @@ def _block_sizes(value: str, where: str) -> tuple[int, ...]:
         sizes = tuple(int(v) for v in value.split(","))
     except ValueError:
         raise TopologyError(f"{where}: BlockSizes={value!r} must be a comma-separated list of node counts") from None
-    if any(s < 1 for s in sizes) or list(sizes) != sorted(set(sizes)):
-        raise TopologyError(f"{where}: BlockSizes={value!r} must be positive and strictly increasing")
+    check_block_sizes(sizes, where)
     return sizes
+
+
+def check_block_sizes(sizes: Sequence[int], where: str) -> None:
+    """Slurm's rule: the first size is the base block; every other is base x 2^k (k <= 15), increasing.
+
+    slurmctld stops with ``fatal: Invalid BlockSizes value`` otherwise, so we stop first.
+    """
+    text = ",".join(str(s) for s in sizes)
+    if not sizes or any(s < 1 for s in sizes) or list(sizes) != sorted(set(sizes)):
+        raise TopologyError(f"{where}: BlockSizes={text} must be positive node counts, strictly increasing")
+    base = sizes[0]
+    for size in sizes[1:]:
+        ratio = size // base
+        if size % base or ratio & (ratio - 1) or ratio.bit_length() - 1 > MAX_BLOCK_LEVEL:
+            raise TopologyError(
+                f"{where}: BlockSizes={text}: {size} is not the base block size {base} times a power of two "
+                f"(at most 2^{MAX_BLOCK_LEVEL}); Slurm stops with 'Invalid BlockSizes value'"
+            )
+
+
+def check_base_size(topology: "BlockTopology") -> None:
+    """Every block must hold at least the base block size (topology.yaml(5)); Slurm cannot use a shorter one."""
+    base = topology.block_sizes[0] if topology.block_sizes else len(topology.blocks[0].nodes)
+    for block in topology.blocks:
+        if len(block.nodes) < base:
+            where = f"{topology.source}:{block.line}" if block.line is not None else topology.source
+            raise TopologyError(
+                f"{where}: block {block.name!r} has {len(block.nodes)} node(s), fewer than the base block size "
+                f"{base}; Slurm cannot use it (lower the first BlockSizes value or leave the block out)"
+            )
 
 
 def render_block(topology: BlockTopology) -> str:

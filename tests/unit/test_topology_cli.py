@@ -129,3 +129,64 @@ def test_errors_are_one_line_exit_2(
     assert message in err
     assert err.startswith("error: ")
     assert err.count("\n") == 1
+
+
+@pytest.fixture
+def block_conf(tmp_path: Path) -> Path:
+    path = tmp_path / "block.conf"
+    lines = [f"BlockName=b{i + 1:02d} Nodes=gb[{i * 18 + 1:03d}-{i * 18 + 18:03d}]" for i in range(16)]
+    path.write_text("\n".join(lines) + "\nBlockSizes=18,36,72,144,288\n")
+    return path
+
+
+def test_select_block_json_follows_slurm_rules(capsys: pytest.CaptureFixture[str], block_conf: Path) -> None:
+    code, out, _ = run(
+        capsys, "topo", "select", "--topology", str(block_conf), "-N", "20", "--unavailable", "gb[001-006]", "--json"
+    )
+    assert code == 0
+    data = json.loads(out)
+    assert data["plugin"] == "topology/block"
+    assert data["blocks"] == ["b01", "b02"] and data["aggregate_nodes"] == 36
+    assert data["whole_blocks_broken"] == 1  # b01's 12 free + 8 of b02
+    assert data["sbatch"] == ["--nodes=20", f"--nodelist={data['nodelist']}"]
+    assert data["segments"] == [data["nodelist"]]
+
+
+def test_select_block_segments_text(capsys: pytest.CaptureFixture[str], block_conf: Path) -> None:
+    code, out, _ = run(capsys, "topo", "select", "--topology", str(block_conf), "-N", "40", "--segment", "10")
+    assert code == 0
+    assert "segments: gb[001-010], gb[019-028], gb[037-046], gb[055-064]" in out
+    assert "--segment=10" in out
+
+
+@pytest.mark.parametrize(
+    ("text", "argv", "message"),
+    [
+        (None, ["--segment", "20", "-N", "40"], "block.conf: --segment=20 is larger than the base block size 18"),
+        (None, ["--segment", "4", "-N", "30"], "--segment=4 does not divide the job's 30 nodes"),
+        ("tree", ["--segment", "2", "-N", "4"], "--segment needs a block topology (BlockName= lines)"),
+        ("BlockName=b1 Nodes=n[1-4]\nBlockName=b2 Nodes=n[4-7]\n", ["-N", "2"], ":2: node 'n4' is in both block"),
+        ("BlockName=b1 Nodes=n[1-4]\nBlockSizes=4,12\n", ["-N", "2"], ":2: BlockSizes=4,12: 12 is not the base"),
+        ("BlockName=b1 Nodes=n[1-4]\nSwitchName=s Nodes=n[5-8]\n", ["-N", "2"], ":2: SwitchName= line in a block"),
+        ("SwitchName=s Nodes=n[5-8]\nBlockName=b1 Nodes=n[1-4]\n", ["-N", "2"], ":1: SwitchName= line in a block"),
+    ],
+)
+def test_block_errors_are_one_line_exit_2(
+    capsys: pytest.CaptureFixture[str],
+    block_conf: Path,
+    testbed_conf: Path,
+    tmp_path: Path,
+    text: str | None,
+    argv: list[str],
+    message: str,
+) -> None:
+    path = block_conf
+    if text == "tree":
+        path = testbed_conf
+    elif text is not None:
+        path = tmp_path / "other.conf"
+        path.write_text(text)
+    code, _, err = run(capsys, "topo", "select", "--topology", str(path), *argv)
+    assert code == 2
+    assert message in err
+    assert err.startswith("error: ") and err.count("\n") == 1

@@ -97,7 +97,16 @@ def test_block_round_trip() -> None:
         ("BlockName=b1\n", "b.conf:1: expected 'BlockName=NAME Nodes=HOSTLIST'"),
         ("BlockName=b1 Nodes=n[1-2]\nBlockName=b1 Nodes=n[3-4]\n", "b.conf:2: block 'b1' defined twice"),
         ("BlockName=b1 Nodes=n[1-2]\nBlockName=b2 Nodes=n[2-3]\n", "b.conf:2: node 'n2' is in both block"),
-        ("BlockName=b1 Nodes=n[1-2]\nBlockSizes=4,2\n", "b.conf:2: BlockSizes='4,2' must be positive and strictly"),
+        ("BlockName=b1 Nodes=n[1-2]\nBlockSizes=4,2\n", "b.conf:2: BlockSizes=4,2 must be positive node counts"),
+        (
+            "BlockName=b1 Nodes=n[1-18]\nBlockSizes=18,54\n",
+            "b.conf:2: BlockSizes=18,54: 54 is not the base block size 18 times a power of two",
+        ),
+        (
+            "BlockName=b1 Nodes=n[1-18]\nBlockName=b2 Nodes=n[19-35]\nBlockSizes=18,36\n",
+            "b.conf:2: block 'b2' has 17 node\\(s\\), fewer than the base block size 18",
+        ),
+        ("BlockName=b1 Nodes=n[1-4]\nBlockName=b2 Nodes=n[5-7]\n", "b.conf:2: block 'b2' has 3 node"),
         ("BlockName=b1 Nodes=n[1-2]\nBlockSizes=two\n", "b.conf:2: BlockSizes='two' must be a comma-separated"),
         ("BlockName=b1 Nodes=n[4-2]\n", "b.conf:1: bad hostlist"),
         ("SwitchName=s Nodes=n1\n", "b.conf:1: SwitchName= line in a block"),
