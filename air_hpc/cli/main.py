@@ -33,6 +33,8 @@ COMMANDS: dict[str, str] = {
     "report": "air_hpc.cli.observe_cmds:report",
     "topo": "air_hpc.cli.topo_cmd:topo",
     "runs": "air_hpc.cli.job_cmds:runs",
+    "doctor": "air_hpc.cli.cluster_cmds:doctor",
+    "cluster": "air_hpc.cli.cluster_cmds:cluster",
 }
 
 

@@ -51,11 +51,30 @@ def _directives(script: str) -> dict[str, str]:
     return found
 
 
+@dataclass
+class FakeClusterText:
+    """The fake's answers to the read-only cluster queries (``air-hpc doctor``), in Slurm's own text."""
+
+    config: str
+    """``scontrol show config``"""
+    partitions: str
+    """``scontrol show partition --oneliner``"""
+    sinfo: str
+    """``sinfo --noheader --format=%R|%D|%c|%m|%G``"""
+    topology: str = ""
+    default_account: str | None = None
+    """None: sacctmgr fails as it does without slurmdbd."""
+    accounts: tuple[str, ...] = ()
+
+
 class FakeSlurm(SlurmClient):
-    def __init__(self, retries: int = 2, nodes: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, retries: int = 2, nodes: dict[str, str] | None = None, cluster: FakeClusterText | None = None
+    ) -> None:
         super().__init__(env={}, timeout_s=5.0, retries=retries, backoff_s=0.0)
         self.nodes: dict[str, str] = dict(nodes or {})
         """Node name -> scontrol state (``IDLE``, ``ALLOCATED``, ``IDLE+DRAIN``, ...)."""
+        self.cluster = cluster
         self.jobs: dict[str, FakeJob] = {}
         self.calls: list[list[str]] = []
         self.reachable = True
@@ -91,6 +110,8 @@ class FakeSlurm(SlurmClient):
             "sacct": self._sacct,
             "scontrol": self._scontrol,
             "scancel": self._scancel,
+            "sinfo": self._sinfo,
+            "sacctmgr": self._sacctmgr,
         }[args[0]]
         return handler(args)
 
@@ -186,6 +207,9 @@ class FakeSlurm(SlurmClient):
                 for name, state in self.nodes.items()
             ]
             return self._done(args, out="".join(line + "\n" for line in lines))
+        cluster_queries = {"config": "config", "partition": "partitions", "topology": "topology"}
+        if words[:1] == ["show"] and words[1] in cluster_queries and self.cluster is not None:
+            return self._done(args, out=getattr(self.cluster, cluster_queries[words[1]]))
         if words[:1] == ["requeue"]:
             self.requeue(words[1])
             return self._done(args)
@@ -201,3 +225,21 @@ class FakeSlurm(SlurmClient):
         elif not job.state.terminal:
             job.state = JobState.CANCELLED
         return self._done(args)
+
+    def _sinfo(self, args: list[str]) -> subprocess.CompletedProcess[str]:
+        if self.cluster is None or self._option(args, "format") != "%R|%D|%c|%m|%G":
+            raise NotImplementedError(f"fake sinfo: {shlex.join(args)}")
+        return self._done(args, out=self.cluster.sinfo)
+
+    def _sacctmgr(self, args: list[str]) -> subprocess.CompletedProcess[str]:
+        if self.cluster is None or self.cluster.default_account is None:
+            return self._done(
+                args,
+                1,
+                err="sacctmgr: error: slurm_persist_conn_open_without_init: failed to open persistent connection "
+                "to host:localhost:6819: Connection refused",
+            )
+        if "assoc" in args:
+            return self._done(args, out="".join(f"{account}|\n" for account in self.cluster.accounts))
+        user = args[args.index("user") + 1]
+        return self._done(args, out=f"{user}|{self.cluster.default_account}\n")

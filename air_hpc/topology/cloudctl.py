@@ -40,8 +40,13 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def slurm_conf(workdir: Path, nodes: Sequence[str], ctld_host: str, ports: Sequence[int]) -> str:
-    """slurm.conf for a controller whose nodes are all power-saved CLOUD nodes on a topology/tree fabric."""
+def slurm_conf(
+    workdir: Path, nodes: Sequence[str], ctld_host: str, ports: Sequence[int], extra: Sequence[str] = ()
+) -> str:
+    """slurm.conf for a controller whose nodes are all power-saved CLOUD nodes on a topology/tree fabric.
+
+    ``extra``: further lines (settings the base leaves unset, more nodes or partitions).
+    """
     return "\n".join(
         [
             "ClusterName=topocloud",
@@ -74,6 +79,7 @@ def slurm_conf(workdir: Path, nodes: Sequence[str], ctld_host: str, ports: Seque
             "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny",
             f"NodeName={hostlists.compress(nodes)} CPUs=1 State=CLOUD",
             "PartitionName=all Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+            *extra,
             "",
         ]
     )
@@ -82,8 +88,16 @@ def slurm_conf(workdir: Path, nodes: Sequence[str], ctld_host: str, ports: Seque
 class CloudController:
     """Start with ``with CloudController(topology_text, nodes, workdir) as ctl:``; stopped on exit."""
 
-    def __init__(self, topology_text: str, nodes: Sequence[str], workdir: Path, ctld_host: str | None = None) -> None:
+    def __init__(
+        self,
+        topology_text: str,
+        nodes: Sequence[str],
+        workdir: Path,
+        ctld_host: str | None = None,
+        extra_conf: Sequence[str] = (),
+    ) -> None:
         self.workdir = workdir
+        self.extra_conf = tuple(extra_conf)
         self.nodes = tuple(nodes)
         self.topology_text = topology_text
         self.ctld_host = ctld_host or socket.gethostname()
@@ -104,7 +118,7 @@ class CloudController:
     def start(self, timeout_s: float = 60.0) -> None:
         for sub in ("state", "spool"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
-        self.conf.write_text(slurm_conf(self.workdir, self.nodes, self.ctld_host, free_ports(2)))
+        self.conf.write_text(slurm_conf(self.workdir, self.nodes, self.ctld_host, free_ports(2), self.extra_conf))
         (self.workdir / "topology.conf").write_text(self.topology_text)
         out = (self.workdir / "slurmctld.out").open("wb")
         self._proc = subprocess.Popen(

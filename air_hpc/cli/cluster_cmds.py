@@ -1,0 +1,135 @@
+"""``air-hpc doctor | cluster init``: what the cluster you are on offers, and a profile drafted from it.
+
+Both only read from Slurm (``scontrol show``, ``sinfo``, ``sacct``, ``sacctmgr``); neither changes anything.
+"""
+
+import getpass
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from air_hpc.cli.job_cmds import _client
+from air_hpc.cli.options import json_option, set_option
+
+if TYPE_CHECKING:
+    from air_hpc.launch.doctor import Finding
+    from air_hpc.slurm.cluster import ClusterFacts
+
+
+def _facts() -> "ClusterFacts":
+    from air_hpc.slurm.cluster import probe_cluster
+
+    return probe_cluster(_client(), getpass.getuser())
+
+
+def _limit(value: int | None, unit: str = "") -> str:
+    return "unlimited" if value is None else f"{value}{unit}"
+
+
+def _describe(facts: "ClusterFacts") -> list[str]:
+    s, t, a = facts.settings, facts.topology, facts.accounting
+    up = ", ".join(f"{role} {state}" for role, state in s.controllers) or "controller status not shown"
+    requeue = "JobRequeue=1" if s.job_requeue else "JobRequeue=0 (our script asks --requeue itself)"
+    if s.max_batch_requeue is not None:
+        requeue += f", MaxBatchRequeue={s.max_batch_requeue}"
+    preempt = (
+        f"{s.preempt_type}, PreemptMode={s.preempt_mode}, "
+        f"preempt_send_user_signal {'set' if s.preempt_send_user_signal else 'not set'}"
+        if s.preemption_enabled
+        else "off"
+    )
+    account = ""
+    if a.available:
+        account = f"; default account {a.default_account or 'none'}"
+        if a.accounts:
+            account += f" (accounts: {', '.join(a.accounts)})"
+    lines = [
+        f"cluster      {s.cluster_name or '?'}: Slurm {s.version}, {up}",
+        f"select       {s.select_type or '?'} ({s.select_type_parameters or 'default'})",
+        f"topology     {t.plugin or 'none'}: {t.detail}",
+        f"requeue      {requeue}",
+        f"preemption   {preempt}",
+        f"gres         {', '.join(s.gres_types) or 'none'}",
+        f"accounting   {a.detail}{account}",
+        "partitions",
+    ]
+    for p in facts.partitions:
+        lines.append(
+            f"  {p.name}{'*' if p.default else ''}: {p.state}, {p.total_nodes} nodes ({p.nodes}), "
+            f"MaxNodes {_limit(p.max_nodes)}, MaxTime {_limit(p.max_time_min, ' min')}, "
+            f"GPUs/node {p.max_gpus_per_node}, CPUs/node {_limit(p.max_cpus_per_node)}, "
+            f"PreemptMode {p.preempt_mode or '(cluster)'}, GraceTime {p.grace_time_s} s"
+        )
+    return lines
+
+
+@click.command()
+@click.argument("job_file", required=False, type=click.Path(dir_okay=False))
+@set_option
+@json_option
+def doctor(job_file: str | None, overrides: tuple[str, ...], as_json: bool) -> None:
+    """Probe the Slurm cluster you are on; with JOB_FILE, say what in it the cluster cannot honour.
+
+    Read-only. Exits 1 when JOB_FILE has an error finding.
+    """
+    from air_hpc.launch.doctor import cluster_findings, job_findings
+
+    job = None
+    if job_file:
+        from air_hpc.config import load_job
+
+        job = load_job(job_file, overrides)
+    facts = _facts()
+    part = facts.partition(job.cluster.partition) if job else None
+    findings: list[Finding] = cluster_findings(facts, part.name if part else None)
+    if job is not None:
+        findings += job_findings(job, facts)
+    errors = [f for f in findings if f.severity == "error"]
+    if as_json:
+        data = {
+            "cluster": facts.to_json(),
+            "job_file": job_file,
+            "findings": [f.to_json() for f in findings],
+            "ok": not errors,
+        }
+        click.echo(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        for line in _describe(facts):
+            click.echo(line)
+        if job_file:
+            verdict = f"{len(errors)} error(s)" if errors else "nothing this cluster cannot honour"
+            click.echo(f"job          {job_file}: {verdict}")
+        for finding in findings:
+            click.echo(f"  {finding.describe()}")
+    if errors:
+        raise click.exceptions.Exit(1)
+
+
+@click.group()
+def cluster() -> None:
+    """Cluster profiles (configs/clusters/)."""
+
+
+@cluster.command()
+@click.argument("name")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Where to write the profile [default: configs/clusters/NAME.yaml].",
+)
+@click.option("--partition", help="Partition to use [default: the cluster's default partition].")
+@click.option("--account", help="Account to charge [default: your default account in Slurm's accounting].")
+@click.option("--force", is_flag=True, help="Replace an existing file.")
+def init(name: str, output: Path | None, partition: str | None, account: str | None, force: bool) -> None:
+    """Draft configs/clusters/NAME.yaml from what `air-hpc doctor` finds here, for you to review."""
+    from air_hpc.launch.cluster_profile import check_name, check_target, draft_profile, render_profile, write_profile
+
+    path = output or Path("configs") / "clusters" / f"{check_name(name)}.yaml"
+    check_target(path, force)
+    facts = _facts()
+    profile = draft_profile(facts, partition, account)
+    written = write_profile(path, render_profile(facts, profile), force)
+    click.echo(f"wrote {written}: review it, then use `cluster: {name}` in a job file")

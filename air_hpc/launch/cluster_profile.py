@@ -1,0 +1,97 @@
+"""``air-hpc cluster init``: a cluster profile (configs/clusters/NAME.yaml) drafted from what doctor found.
+
+The draft holds only keys of :class:`~air_hpc.config.models.ClusterConfig`;
+what the user should know but cannot set there (how preemption signals the
+job, the partitions not chosen) goes into comments above the keys.
+"""
+
+import os
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from air_hpc.errors import UserError
+from air_hpc.slurm.cluster import ClusterFacts
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def check_name(name: str) -> str:
+    if not _NAME.fullmatch(name):
+        raise UserError(f"cluster name {name!r}: expected letters, digits, '.', '_' or '-' (it becomes NAME.yaml)")
+    return name
+
+
+def draft_profile(facts: ClusterFacts, partition: str | None = None, account: str | None = None) -> dict[str, Any]:
+    """The keys of a cluster profile: partition (given, else the default), account, topology file."""
+    part = facts.partition(partition)
+    if part is None:
+        names = ", ".join(p.name for p in facts.partitions) or "none"
+        what = f"partition {partition!r} does not exist" if partition else "the cluster has no default partition"
+        raise UserError(f"{what}; choose one with --partition (partitions: {names})")
+    profile: dict[str, Any] = {"partition": part.name}
+    chosen_account = account or facts.accounting.default_account
+    if chosen_account:
+        profile["account"] = chosen_account
+    if facts.topology.plugin is not None and facts.topology.file is not None:
+        profile["topology_file"] = str(facts.topology.file)
+    return profile
+
+
+def _comments(facts: ClusterFacts, profile: dict[str, Any]) -> list[str]:
+    s = facts.settings
+    part = facts.partition(profile["partition"])
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"Drafted by `air-hpc cluster init` on {stamp} from cluster {s.cluster_name or '?'} (Slurm {s.version}).",
+        "Review every key before the first real job; `air-hpc doctor JOB.yaml` checks a job against this cluster.",
+    ]
+    if part is not None:
+        limit = f"{part.max_time_min} min" if part.max_time_min is not None else "unlimited"
+        lines.append(
+            f"partition {part.name}: {part.total_nodes} nodes, MaxTime {limit}, "
+            f"up to {part.max_gpus_per_node} GPUs per node"
+        )
+    others = [p.name for p in facts.partitions if p.name != profile["partition"]]
+    if others:
+        lines.append(f"other partitions: {', '.join(others)}")
+    if "account" not in profile:
+        lines.append("account: none found (no accounting, or no default account); set it if your site needs one")
+    if "topology_file" not in profile:
+        lines.append(f"topology_file: not set ({facts.topology.detail}); `air-hpc topo import` can write one")
+    if s.preemption_enabled:
+        mode = (part.preempt_mode if part else None) or s.preempt_mode
+        grace = part.grace_time_s if part else 0
+        signal = (
+            "the job's --signal (resilience.signal) and SIGTERM"
+            if s.preempt_send_user_signal
+            else "SIGTERM only (preempt_send_user_signal is not set)"
+        )
+        lines.append(f"signal: preemption ({s.preempt_type}, {mode}) sends {signal}, then waits GraceTime={grace} s.")
+    else:
+        lines.append("signal: no preemption here; Slurm sends resilience.signal (default USR2) before the time limit.")
+    return lines
+
+
+def render_profile(facts: ClusterFacts, profile: dict[str, Any]) -> str:
+    header = "".join(f"# {line}\n" for line in _comments(facts, profile))
+    return header + yaml.safe_dump(profile, sort_keys=False)
+
+
+def check_target(path: Path, force: bool) -> None:
+    """Refuse to replace an existing profile without ``force`` (checked again right before writing)."""
+    if path.exists() and not force:
+        raise UserError(f"{path}: already exists; review it, or pass --force to replace it")
+
+
+def write_profile(path: Path, text: str, force: bool) -> Path:
+    """Write the draft atomically; an existing file is replaced only with ``force``."""
+    check_target(path, force)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path

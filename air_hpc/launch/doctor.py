@@ -1,0 +1,249 @@
+"""What this cluster cannot honour in a job, and what it lacks for resilient training at all.
+
+Pure functions of :class:`ClusterFacts` (and a :class:`JobConfig`), so every
+rule is tested with recorded ``scontrol`` text. ``error`` findings are things
+Slurm would refuse or silently not do; ``warning`` findings cost time or
+work when they bite (a preemption with no grace time, no accounting).
+"""
+
+import difflib
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from air_hpc.config.models import JobConfig
+from air_hpc.slurm.cluster import ClusterFacts, Partition
+
+Severity = Literal["error", "warning"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: Severity
+    key: str
+    """The job key (``resources.nodes``) or cluster setting (``PreemptMode``) it concerns."""
+    message: str
+
+    def to_json(self) -> dict[str, str]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        return f"{self.severity:<7}  {self.key}: {self.message}"
+
+
+def _preempt_mode(facts: ClusterFacts, part: Partition | None) -> str:
+    mode = (part.preempt_mode if part and part.preempt_mode else None) or facts.settings.preempt_mode
+    return mode.upper()
+
+
+def cluster_findings(facts: ClusterFacts, partition: str | None = None) -> list[Finding]:
+    """What the cluster itself lacks for preemption-proof training (no job needed)."""
+    s = facts.settings
+    found: list[Finding] = []
+    if not facts.accounting.available:
+        found.append(
+            Finding(
+                "warning",
+                "AccountingStorageType",
+                f"{facts.accounting.detail}; `air-hpc status` loses a job once it leaves the queue, "
+                "and --executor submitit cannot tell a cancelled job from a running one",
+            )
+        )
+    if s.topology_plugin is None:
+        found.append(
+            Finding(
+                "warning",
+                "TopologyPlugin",
+                "no topology plugin: --switches is ignored, so jobs may span leaf switches",
+            )
+        )
+    parts = [p for p in facts.partitions if partition is None or p.name == partition]
+    for part in parts:
+        mode = _preempt_mode(facts, part)
+        if not s.preemption_enabled or mode == "OFF":
+            continue
+        where = f"partition {part.name}"
+        if "CANCEL" in mode:
+            found.append(
+                Finding(
+                    "warning",
+                    "PreemptMode",
+                    f"{where}: PreemptMode={mode}: a preempted job is cancelled, not requeued; resubmit to resume",
+                )
+            )
+        if part.grace_time_s == 0 and ("REQUEUE" in mode or "CANCEL" in mode):
+            found.append(
+                Finding(
+                    "warning",
+                    "GraceTime",
+                    f"{where}: GraceTime=0: a preempted job is killed at once, with no time to checkpoint; "
+                    "it resumes from its last periodic checkpoint",
+                )
+            )
+    return found
+
+
+def job_findings(job: JobConfig, facts: ClusterFacts) -> list[Finding]:
+    """What in ``job`` this cluster cannot honour, checked before any GPU hour is spent.
+
+    Complements :func:`cluster_findings` for the job's partition (shown beside it).
+    """
+    found: list[Finding] = []
+    wanted = job.cluster.partition
+    part = facts.partition(wanted)
+    if part is None:
+        names = [p.name for p in facts.partitions]
+        close = difflib.get_close_matches(wanted or "", names, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        what = f"partition {wanted!r} does not exist" if wanted else "no partition given and the cluster has no default"
+        found.append(Finding("error", "cluster.partition", f"{what}{hint} (partitions: {', '.join(names) or 'none'})"))
+        return [*found, *_cluster_wide(job, facts)]
+    found += _partition_fit(job, facts, part)
+    return [*found, *_cluster_wide(job, facts), *_preemption_fit(job, facts, part)]
+
+
+def _partition_fit(job: JobConfig, facts: ClusterFacts, part: Partition) -> list[Finding]:
+    found: list[Finding] = []
+    r, hw = job.resources, job.hardware
+    name = f"partition {part.name}"
+    if part.state.upper() != "UP":
+        found.append(Finding("error", "cluster.partition", f"{name} is {part.state}: it starts no jobs"))
+    if part.max_time_min is not None and r.time_limit_min > part.max_time_min:
+        found.append(
+            Finding(
+                "error",
+                "resources.time_limit_min",
+                f"{r.time_limit_min} min is over {name}'s MaxTime of {part.max_time_min} min",
+            )
+        )
+    if r.nodes > part.total_nodes:
+        found.append(Finding("error", "resources.nodes", f"{r.nodes} nodes but {name} has {part.total_nodes}"))
+    if part.max_nodes is not None and r.nodes > part.max_nodes:
+        found.append(
+            Finding("error", "resources.nodes", f"{r.nodes} nodes is over {name}'s MaxNodes of {part.max_nodes}")
+        )
+    if r.nodes < part.min_nodes:
+        found.append(
+            Finding("error", "resources.nodes", f"{r.nodes} nodes is under {name}'s MinNodes of {part.min_nodes}")
+        )
+    if not part.groups:
+        return found
+    cpus = r.tasks_per_node * r.cpus_per_task
+    mem_mb = (r.mem_gb or 0) * 1024
+    gpus = hw.gpus_per_node if hw.device == "cuda" else 0
+    if part.max_cpus_per_node is not None and cpus > part.max_cpus_per_node:
+        found.append(
+            Finding(
+                "error",
+                "resources.cpus_per_task",
+                f"tasks_per_node {r.tasks_per_node} x cpus_per_task {r.cpus_per_task} = {cpus} CPUs per node; "
+                f"{name}'s largest node has {part.max_cpus_per_node}",
+            )
+        )
+    if mem_mb and part.max_mem_mb is not None and mem_mb > part.max_mem_mb:
+        found.append(
+            Finding(
+                "error",
+                "resources.mem_gb",
+                f"{r.mem_gb} GiB per node; {name}'s largest node has {part.max_mem_mb} MB",
+            )
+        )
+    if gpus and part.max_gpus_per_node == 0:
+        found.append(
+            Finding(
+                "error",
+                "hardware.gpus_per_node",
+                f"hardware {hw.name} uses {gpus} GPUs per node but {name} has no GPU gres "
+                "(sinfo %G shows none); pick a GPU partition",
+            )
+        )
+    elif gpus > part.max_gpus_per_node:
+        found.append(
+            Finding(
+                "error",
+                "hardware.gpus_per_node",
+                f"hardware {hw.name} uses {gpus} GPUs per node; {name}'s nodes have at most {part.max_gpus_per_node}",
+            )
+        )
+    fitting = part.nodes_with(gpus=gpus, cpus=cpus, mem_mb=mem_mb)
+    if r.nodes <= part.total_nodes and fitting < r.nodes and (gpus <= part.max_gpus_per_node):
+        found.append(
+            Finding(
+                "error",
+                "resources.nodes",
+                f"{r.nodes} nodes wanted but only {fitting} of {name}'s {part.total_nodes} have "
+                f"{gpus} GPUs, {cpus} CPUs and {mem_mb} MB",
+            )
+        )
+    return found
+
+
+def _cluster_wide(job: JobConfig, facts: ClusterFacts) -> list[Finding]:
+    found: list[Finding] = []
+    s = facts.settings
+    restarts = job.resilience.max_restarts
+    if s.max_batch_requeue is not None and restarts > s.max_batch_requeue:
+        found.append(
+            Finding(
+                "error",
+                "resilience.max_restarts",
+                f"{restarts} requeues allowed, but Slurm holds a job after MaxBatchRequeue={s.max_batch_requeue}",
+            )
+        )
+    account = job.cluster.account
+    if (
+        account
+        and facts.accounting.available
+        and facts.accounting.accounts
+        and account not in facts.accounting.accounts
+    ):
+        found.append(
+            Finding(
+                "error",
+                "cluster.account",
+                f"{account!r} is not one of {facts.user}'s accounts ({', '.join(facts.accounting.accounts)})",
+            )
+        )
+    part = facts.partition(job.cluster.partition)
+    if account and part and part.allow_accounts is not None and account not in part.allow_accounts:
+        found.append(
+            Finding(
+                "error",
+                "cluster.account",
+                f"partition {part.name} allows only accounts {', '.join(part.allow_accounts)}, not {account!r}",
+            )
+        )
+    topo = job.cluster.topology_file
+    if job.placement.topology_aware and topo is not None and not topo.is_file():
+        found.append(Finding("error", "cluster.topology_file", f"{topo}: no such file on this machine"))
+    return found
+
+
+def _preemption_fit(job: JobConfig, facts: ClusterFacts, part: Partition) -> list[Finding]:
+    s = facts.settings
+    mode = _preempt_mode(facts, part)
+    if not s.preemption_enabled or mode == "OFF":
+        return []
+    found: list[Finding] = []
+    signal = job.resilience.signal
+    lead = job.resilience.signal_lead_s
+    name = f"partition {part.name}"
+    if "REQUEUE" in mode or "CANCEL" in mode:
+        if 0 < part.grace_time_s < lead:
+            found.append(
+                Finding(
+                    "warning",
+                    "resilience.signal_lead_s",
+                    f"{name}: a preempted job gets GraceTime={part.grace_time_s} s to save, less than the "
+                    f"{lead} s this job allows before its time limit",
+                )
+            )
+        if not s.preempt_send_user_signal and signal != "TERM":
+            found.append(
+                Finding(
+                    "warning",
+                    "resilience.signal",
+                    f"preemption sends SIGTERM, not SIG{signal} (SlurmctldParameters lacks preempt_send_user_signal); "
+                    f"the ranks stop and save on SIGTERM too, within {name}'s GraceTime={part.grace_time_s} s",
+                )
+            )
+    return found

@@ -1,0 +1,316 @@
+"""Cluster probing (doctor, cluster init): parsers on recorded slurmctld output, findings, the CLI on the fake."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from air_hpc.cli.main import cli, main
+from air_hpc.config import load_job
+from air_hpc.errors import SlurmError
+from air_hpc.launch.doctor import cluster_findings, job_findings
+from air_hpc.slurm.cluster import (
+    gpus_in_gres,
+    parse_minutes,
+    parse_partitions,
+    parse_show_config,
+    parse_sinfo_groups,
+    parse_topology,
+    probe_cluster,
+)
+from air_hpc.slurm.fake import FakeClusterText, FakeSlurm
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "tests" / "data" / "slurm"
+TESTBED_JOB = REPO / "configs" / "jobs" / "gpt-tiny-testbed.yaml"
+#: gpt-tiny laid out for 8 GPUs per node: 2 nodes x 8 ranks, TP2 x PP2, DP4.
+GPU_JOB = ("hardware=h100-sxm", "resources.tasks_per_node=8", "train.global_batch_size=8", "train.micro_batch_size=1")
+
+
+def recorded(kind: str, accounts: tuple[str, ...] = ("root",), conf_dir: Path | None = None) -> FakeClusterText:
+    """What a real slurmctld 22.05 printed: ``testbed`` (the embedded testbed) or ``gpu-preempt``
+    (a CLOUD-node controller with GPU gres, partition_prio preemption and preempt_send_user_signal).
+
+    Its paths were rewritten to /srv/recorded/KIND; ``conf_dir`` moves slurm.conf's directory there.
+    """
+    config = (DATA / f"{kind}-show-config.txt").read_text()
+    if conf_dir is not None:
+        config = config.replace(f"/srv/recorded/{kind}", str(conf_dir))
+    return FakeClusterText(
+        config=config,
+        partitions=(DATA / f"{kind}-partitions.txt").read_text(),
+        sinfo=(DATA / f"{kind}-sinfo.txt").read_text(),
+        topology=(DATA / f"{kind}-topology.txt").read_text(),
+        default_account=accounts[0] if accounts else None,
+        accounts=accounts,
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "minutes"),
+    [
+        ("UNLIMITED", None),
+        ("infinite", None),
+        ("30", 30),
+        ("30:00", 30),
+        ("30:01", 31),
+        ("04:00:00", 240),
+        ("1-00:00:00", 1440),
+        ("2-12", 3600),
+        ("1-01:30", 1530),
+    ],
+)
+def test_parse_minutes_reads_every_slurm_time_form(text: str, minutes: int | None) -> None:
+    assert parse_minutes(text) == minutes
+
+
+def test_parse_minutes_rejects_garbage() -> None:
+    with pytest.raises(SlurmError, match="time limit 'soon'"):
+        parse_minutes("soon")
+
+
+@pytest.mark.parametrize(
+    ("gres", "gpus"),
+    [
+        ("(null)", 0),
+        ("gpu:8", 8),
+        ("gpu:h100:8(S:0-1)", 8),
+        ("gpu:a100:2(S:0,1),gpu:v100:2", 4),
+        ("shard:32,gpu:h200:4", 4),
+        ("nic:mlx5:8", 0),
+    ],
+)
+def test_gpus_in_gres(gres: str, gpus: int) -> None:
+    assert gpus_in_gres(gres) == gpus
+
+
+def test_show_config_of_the_testbed() -> None:
+    s = parse_show_config((DATA / "testbed-show-config.txt").read_text())
+    assert (s.version, s.cluster_name, s.select_type) == ("22.05.8", "airtb", "select/cons_tres")
+    assert s.topology_plugin == "topology/tree" and s.job_requeue
+    assert not s.preemption_enabled and s.preempt_type is None
+    assert s.accounting_storage == "accounting_storage/slurmdbd"
+    assert dict(s.controllers) == {"primary": "UP"}
+    assert s.kill_wait_s == 5 and s.max_batch_requeue is None
+
+
+def test_show_config_with_preemption_and_gres() -> None:
+    s = parse_show_config((DATA / "gpu-preempt-show-config.txt").read_text())
+    assert s.preempt_type == "preempt/partition_prio" and s.preempt_mode == "REQUEUE"
+    assert s.preemption_enabled and s.preempt_send_user_signal
+    assert s.gres_types == ("gpu",) and not s.job_requeue
+    assert s.accounting_storage is None
+
+
+def test_show_config_reads_only_its_first_section() -> None:
+    """Newer Slurm appends cgroup and MPI sections after a blank line; their keys must not leak in."""
+    text = (
+        (DATA / "testbed-show-config.txt")
+        .read_text()
+        .replace(
+            "\nSlurmctld(primary)",
+            "\nCgroup Support Configuration:\nSLURM_VERSION = 99\nMaxBatchRequeue = 1\n\nSlurmctld(primary)",
+        )
+    )
+    s = parse_show_config(text)
+    assert s.version == "22.05.8" and s.max_batch_requeue is None
+
+
+def test_show_config_rejects_other_text() -> None:
+    with pytest.raises(SlurmError, match="no SLURM_VERSION"):
+        parse_show_config("PartitionName=debug Nodes=n1\n")
+
+
+def test_partitions_and_node_groups() -> None:
+    parts = {p.name: p for p in parse_partitions((DATA / "gpu-preempt-partitions.txt").read_text())}
+    assert set(parts) == {"all", "gpu", "urgent"}
+    gpu = parts["gpu"]
+    assert (gpu.max_time_min, gpu.max_nodes, gpu.total_nodes, gpu.grace_time_s) == (240, 2, 4, 30)
+    assert parts["urgent"].max_time_min == 1440 and parts["urgent"].preempt_mode == "OFF"
+    assert parts["all"].default and parts["all"].max_time_min is None
+    groups = parse_sinfo_groups((DATA / "gpu-preempt-sinfo.txt").read_text())
+    assert [g.gpus for g in groups["all"]] == [0, 8]
+    assert groups["gpu"][0].cpus == 16 and groups["gpu"][0].mem_mb == 64000
+
+
+def test_partition_and_sinfo_parsers_name_the_bad_line() -> None:
+    with pytest.raises(SlurmError, match=r"scontrol show partition:1: expected 'PartitionName"):
+        parse_partitions("Nodes=n1 State=UP\n")
+    with pytest.raises(SlurmError, match=r"sinfo:2: expected 'PARTITION\|NODES"):
+        parse_sinfo_groups("debug|8|4|4096|(null)\ndebug 8\n")
+
+
+def test_topology_counts_leaves() -> None:
+    assert parse_topology((DATA / "testbed-topology.txt").read_text()) == (3, 4)
+    assert parse_topology("BlockName=b1 Nodes=n[1-4]\nBlockName=b2 Nodes=n[5-8]\n") == (2, 2)
+
+
+def test_probe_keeps_going_without_accounting() -> None:
+    facts = probe_cluster(FakeSlurm(cluster=recorded("testbed", accounts=())), "alice")
+    assert not facts.accounting.available or facts.accounting.default_account is None
+    assert facts.partition(None) is not None and facts.partition(None).name == "debug"  # type: ignore[union-attr]
+
+
+def test_a_fitting_job_has_no_findings() -> None:
+    facts = probe_cluster(FakeSlurm(cluster=recorded("testbed")), "root")
+    job = load_job(TESTBED_JOB, [f"cluster.topology_file={DATA / 'testbed-topology.txt'}"])
+    assert job_findings(job, facts) == []
+    assert cluster_findings(facts) == []
+
+
+def _keys(job_overrides: tuple[str, ...], kind: str = "gpu-preempt") -> dict[str, str]:
+    facts = probe_cluster(FakeSlurm(cluster=recorded(kind)), "root")
+    job = load_job(TESTBED_JOB, job_overrides)
+    return {f.key: f.message for f in job_findings(job, facts)}
+
+
+def test_what_the_cluster_cannot_honour() -> None:
+    found = _keys(
+        (
+            *GPU_JOB,
+            "cluster.partition=gpu",
+            "resources.nodes=3",
+            "train.global_batch_size=12",
+            "resilience.max_restarts=3",
+        )
+    )
+    assert "over partition gpu's MaxNodes of 2" in found["resources.nodes"]
+    found = _keys((*GPU_JOB, "cluster.partition=gpu", "resources.time_limit_min=300"))
+    assert found["resources.time_limit_min"] == "300 min is over partition gpu's MaxTime of 240 min"
+    found = _keys((*GPU_JOB, "cluster.partition=gpus"))
+    assert "partition 'gpus' does not exist; did you mean 'gpu'?" in found["cluster.partition"]
+    found = _keys((*GPU_JOB, "cluster.partition=debug"), kind="testbed")
+    assert "has no GPU gres" in found["hardware.gpus_per_node"]
+    found = _keys(("resources.cpus_per_task=3", "resources.mem_gb=5"), kind="testbed")
+    assert found["resources.cpus_per_task"].endswith(
+        "2 x cpus_per_task 3 = 6 CPUs per node; partition debug's largest node has 4"
+    )
+    assert found["resources.mem_gb"] == "5 GiB per node; partition debug's largest node has 4096 MB"
+    found = _keys(("cluster.account=physics",), kind="testbed")
+    assert found["cluster.account"] == "'physics' is not one of root's accounts (root)"
+
+
+def test_nodes_without_enough_gpus_are_not_counted() -> None:
+    """Partition `all` has 8 nodes, but only 4 with GPUs: 6 GPU nodes cannot be had."""
+    found = _keys(
+        (
+            *GPU_JOB,
+            "cluster.partition=all",
+            "resources.nodes=6",
+            "train.global_batch_size=24",
+            "resources.time_limit_min=30",
+        )
+    )
+    assert "only 4 of partition all's 8 have 8 GPUs" in found["resources.nodes"]
+
+
+def test_preemption_findings() -> None:
+    """gpu: REQUEUE with GraceTime 30 s and the user signal sent; all: REQUEUE, GraceTime 0; urgent: OFF."""
+    found = _keys((*GPU_JOB, "cluster.partition=gpu", "resilience.signal_lead_s=60"))
+    assert "GraceTime=30 s to save, less than the 60 s" in found["resilience.signal_lead_s"]
+    assert "resilience.signal" not in found  # preempt_send_user_signal is set
+    assert _keys((*GPU_JOB, "cluster.partition=urgent")) == {}
+    facts = probe_cluster(FakeSlurm(cluster=recorded("gpu-preempt")), "root")
+    by_partition = {f.message.split(":")[0]: f.key for f in cluster_findings(facts, "all")}
+    assert by_partition == {"AccountingStorageType is none": "AccountingStorageType", "partition all": "GraceTime"}
+
+
+def test_user_signal_not_sent_on_preemption() -> None:
+    text = recorded("gpu-preempt")
+    text.config = text.config.replace("enable_configless,preempt_send_user_signal", "enable_configless")
+    facts = probe_cluster(FakeSlurm(cluster=text), "root")
+    job = load_job(TESTBED_JOB, (*GPU_JOB, "cluster.partition=gpu"))
+    found = {f.key: f.message for f in job_findings(job, facts)}
+    assert found["resilience.signal"].startswith("preemption sends SIGTERM, not SIGUSR2")
+
+
+def run_cli(args: list[str], fake: FakeSlurm) -> tuple[int, str]:
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(cli, args, obj={"slurm_client": fake}, catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+def test_doctor_cli_json_and_exit_codes() -> None:
+    code, out = run_cli(["doctor", "--json"], FakeSlurm(cluster=recorded("gpu-preempt")))
+    assert code == 0
+    data = json.loads(out)
+    assert data["cluster"]["slurm"]["version"] == "22.05.8" and data["ok"]
+    assert [p["name"] for p in data["cluster"]["partitions"]] == ["all", "gpu", "urgent"]
+    code, out = run_cli(
+        [
+            "doctor",
+            str(TESTBED_JOB),
+            *[a for o in GPU_JOB for a in ("--set", o)],
+            "--set",
+            "cluster.partition=gpu",
+            "--set",
+            "resources.time_limit_min=300",
+        ],
+        FakeSlurm(cluster=recorded("gpu-preempt")),
+    )
+    assert code == 1
+    assert "error    resources.time_limit_min: 300 min is over partition gpu's MaxTime of 240 min" in out
+    assert "preemption   preempt/partition_prio, PreemptMode=REQUEUE, preempt_send_user_signal set" in out
+
+
+def test_doctor_only_reads() -> None:
+    fake = FakeSlurm(cluster=recorded("testbed"))
+    run_cli(["doctor", str(TESTBED_JOB)], fake)
+    assert {call[0] for call in fake.calls} == {"scontrol", "sinfo", "sacct", "sacctmgr"}
+    for call in fake.calls:
+        words = [w for w in call[1:] if not w.startswith("-")]
+        if call[0] in ("scontrol", "sacctmgr"):
+            assert words[0] == "show", call
+        else:
+            assert words == [], call  # sinfo and sacct: options only, a query
+
+
+def test_cluster_init_writes_a_profile_the_loader_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    fake = FakeSlurm(cluster=recorded("gpu-preempt"))
+    code, out = run_cli(["cluster", "init", "hpc1", "--partition", "gpu"], fake)
+    assert code == 0, out
+    profile = tmp_path / "configs" / "clusters" / "hpc1.yaml"
+    text = profile.read_text()
+    assert "preempt_send_user_signal" not in text.split("sends")[0]
+    assert "signal: preemption (preempt/partition_prio, REQUEUE) sends the job's --signal" in text
+    jobs = tmp_path / "configs" / "jobs"
+    jobs.mkdir()
+    job_file = jobs / "job.yaml"
+    job_file.write_text(TESTBED_JOB.read_text().replace("cluster: testbed", "cluster: hpc1"))
+    job = load_job(job_file)
+    assert (job.cluster.name, job.cluster.partition, job.cluster.account) == ("hpc1", "gpu", None)
+    assert "account: none found (no accounting" in text
+    assert job.cluster.topology_file is None  # the controller's topology.conf is not readable from here
+
+
+def test_cluster_init_refuses_to_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "mine.yaml"
+    target.write_text("partition: keep\n")
+    with pytest.raises(SystemExit) as info:
+        main(["cluster", "init", "x", "-o", str(target)])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == f"error: {target}: already exists; review it, or pass --force to replace it\n"
+    assert target.read_text() == "partition: keep\n"
+    code, _ = run_cli(["cluster", "init", "x", "-o", str(target), "--force"], FakeSlurm(cluster=recorded("testbed")))
+    assert code == 0 and "partition: debug" in target.read_text()
+
+
+def test_cluster_init_finds_the_topology_file_beside_slurm_conf(tmp_path: Path) -> None:
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "topology.conf").write_text((DATA / "testbed-topology.txt").read_text())
+    out = tmp_path / "tb.yaml"
+    fake = FakeSlurm(cluster=recorded("testbed", accounts=("ml", "physics"), conf_dir=tmp_path))
+    code, _ = run_cli(["cluster", "init", "tb", "-o", str(out)], fake)
+    assert code == 0
+    assert f"topology_file: {tmp_path / 'etc' / 'topology.conf'}" in out.read_text()
+    assert "account: ml\n" in out.read_text()
+
+
+@pytest.mark.parametrize("name", ["../evil", "a/b", ".hidden", ""])
+def test_cluster_init_rejects_a_name_that_is_not_a_file_stem(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["cluster", "init", name])
+    assert info.value.code == 2
+    assert "expected letters, digits" in capsys.readouterr().err
