@@ -4,14 +4,13 @@ Both only read from Slurm (``scontrol show``, ``sinfo``, ``sacct``, ``sacctmgr``
 """
 
 import getpass
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
 from air_hpc.cli.job_cmds import _client
-from air_hpc.cli.options import json_option, set_option
+from air_hpc.cli.options import echo_json, json_option, set_option
 
 if TYPE_CHECKING:
     from air_hpc.launch.doctor import Finding
@@ -94,7 +93,7 @@ def doctor(job_file: str | None, overrides: tuple[str, ...], as_json: bool) -> N
             "findings": [f.to_json() for f in findings],
             "ok": not errors,
         }
-        click.echo(json.dumps(data, indent=2, sort_keys=True))
+        echo_json(data)
     else:
         for line in _describe(facts):
             click.echo(line)
