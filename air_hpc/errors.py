@@ -49,3 +49,9 @@ class TestbedError(AirHpcError):
 
 class CheckpointError(AirHpcError):
     """A checkpoint is missing, incomplete or corrupt."""
+
+
+class UnusableCheckpointsError(CheckpointError):
+    """Checkpoints exist but none verifies: refuse to train over them from scratch."""
+
+    exit_code = ExitCode.USAGE

@@ -145,6 +145,11 @@ class CheckpointConfig(Section):
         "sha256",
         description="Check before resuming from a checkpoint: sha256 of every file (re-reads it once) or sizes only.",
     )
+    allow_fresh_start: bool = Field(
+        False,
+        description="Train from step 0 when checkpoints exist but none verifies (by default the run refuses to "
+        "start; the failing checkpoints are kept either way).",
+    )
 
 
 class ResilienceConfig(Section):

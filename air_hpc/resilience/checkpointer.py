@@ -18,16 +18,30 @@ the ranks finalize together (``.metadata``); rank 0 commits: manifest last, rena
   reported by then on some rank are killed on every rank and that save is abandoned (a
   ``checkpoint_failed`` event; the newest complete checkpoint stays the one to resume from).
 
-Retention (deleting old checkpoints) runs in rank 0's background thread after each commit.
+A save that fails (a full disk, a read-only file system, a writer that died) emits a
+``checkpoint_failed`` event, removes its staging directory, and raises one
+:class:`CheckpointError` naming the path and the errno.
+
+A writer dies with its rank: it watches a pipe whose only write end the rank holds, and kills
+its own process group (itself and the workers Megatron forks from it) when that end closes,
+which the kernel does however the rank ends, ``kill -9`` included.
+
+Retention (deleting old checkpoints) runs in rank 0's background thread after each commit and
+deletes only checkpoints superseded by a newer one this process verified (resumed from after
+hashing it, or wrote and hashed itself).
 Resume: rank 0 lists the committed steps; every rank checks all sizes and hashes its share of
-the files of the newest one; the first that passes everywhere is loaded on all ranks.
+the files of the newest one, and rank 0 runs the safe loader's checks on it; the first that passes
+everywhere is loaded on all ranks. When checkpoints exist but none passes, the run refuses to start
+(:class:`UnusableCheckpointsError`) unless ``checkpoint.allow_fresh_start`` is set.
 """
 
 import contextlib
+import errno
 import gc
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import threading
 import time
@@ -35,13 +49,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from air_hpc.errors import CheckpointError
+from air_hpc.errors import CheckpointError, UnusableCheckpointsError
 from air_hpc.resilience import state
 from air_hpc.resilience.events import EventLog
 from air_hpc.resilience.signals import agree
-from air_hpc.resilience.store import Check, CheckpointStore, record_hashes
+from air_hpc.resilience.store import Check, CheckpointStore, record_hashes, step_name
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +70,8 @@ class _Pending:
     reason: str
     phases: dict[str, float]
     conn: Connection | None = None
+    alive_fd: int | None = None
+    """The rank's end of the pipe its writer watches; closing it (or dying) stops the writer."""
     error: str | None = None
 
     def lap(self, phase: str, since: float) -> float:
@@ -68,19 +84,31 @@ class _Pending:
         return self.conn is not None and not self.conn.poll(wait_s)
 
     def stop_writer(self) -> None:
-        """Kill this rank's writer with the workers it forked, and close the pipe."""
+        """Kill this rank's writer with the workers it forked, and close the pipes."""
         if self.process is not None:
             _kill_writer(self.process)
         if self.conn is not None:
             self.conn.close()
+        self.release_writer()
+
+    def release_writer(self) -> None:
+        """Close the rank's end of the lifeline pipe (the writer has exited or been killed)."""
+        if self.alive_fd is not None:
+            os.close(self.alive_fd)
+            self.alive_fd = None
 
 
 def _write_and_hash(request: Any, staging: Path, rank: int, stage_to_host: bool, results: Any) -> float:
     """Write this rank's shards (write results go to ``results.put``) and record their sha256.
 
-    Returns the seconds spent hashing.
+    Returns the seconds spent hashing. A write error that Megatron's writer reports as its
+    result (a worker's ``OSError``, say) is raised here, before anything is hashed.
     """
-    state.run_request(request, stage_to_host=stage_to_host, results=results)
+    collected = _Collect()
+    state.run_request(request, stage_to_host=stage_to_host, results=collected)
+    results.put(collected.item)
+    if isinstance(collected.item, BaseException):
+        raise collected.item
     started = time.perf_counter()
     record_hashes(staging, f"rank{rank}", state.shard_files(request))
     return time.perf_counter() - started
@@ -96,7 +124,73 @@ class _Collect:
         self.item = item
 
 
-def _background_writer(request: Any, staging: Path, rank: int, conn: Connection) -> None:
+def describe_error(exc: BaseException, where: Path | None = None) -> str:
+    """One line for a failed save: ``<path>: No space left on device (errno 28, ENOSPC)`` for OS errors.
+
+    Follows ``raise ... from`` chains, so an ``OSError`` wrapped by a library is still named;
+    ``where`` stands in for the path when the error has none (a write to an open file). An error
+    without an errno (torch's serializer reports a short write as "unexpected pos") is checked
+    against ``where``'s file system: a read-only or full one is named as such.
+    """
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    os_error = _os_error(exc)
+    found_after = ""
+    if os_error is None and where is not None:
+        os_error = _file_system_problem(where)
+        found_after = f"; found after: {text}"
+    if os_error is None or os_error.errno is None:
+        return text
+    path = os_error.filename or where
+    prefix = f"{path}: " if path else ""
+    name = errno.errorcode.get(os_error.errno, "?")
+    return f"{prefix}{os_error.strerror or os.strerror(os_error.errno)} (errno {os_error.errno}, {name}{found_after})"
+
+
+#: Free space below which a failed write is put down to a full file system.
+_FULL_BELOW_BYTES = 1 << 20
+
+
+def _file_system_problem(where: Path) -> OSError | None:
+    """A read-only or (nearly) full file system under ``where``, as the OSError a write there would raise."""
+    path = where
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        fs = os.statvfs(path)
+    except OSError:
+        return None
+    if fs.f_flag & os.ST_RDONLY:
+        return OSError(errno.EROFS, os.strerror(errno.EROFS), str(where))
+    if fs.f_bavail * fs.f_frsize < _FULL_BELOW_BYTES:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(where))
+    return None
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno is not None:
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _die_with_rank(alive_fd: int) -> None:
+    """In the writer: kill our process group as soon as the rank's end of the lifeline pipe closes.
+
+    The rank holds the only write end; the kernel closes it when the rank exits, however it
+    exits. ``PR_SET_PDEATHSIG`` would reach this process only, not the workers it forks.
+    """
+
+    def watch() -> None:
+        while os.read(alive_fd, 64):
+            pass
+        os.killpg(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="writer-lifeline", daemon=True).start()
+
+
+def _background_writer(request: Any, staging: Path, rank: int, conn: Connection, alive: tuple[int, int]) -> None:
     """The forked writer of an async save: write, hash, send the write results to the rank, exit.
 
     Runs at a lower CPU priority so that on a busy node the training ranks keep their cores, and
@@ -108,13 +202,22 @@ def _background_writer(request: Any, staging: Path, rank: int, conn: Connection)
     port among them) open, and the next start's ranks would connect to a listener nobody serves.
     Slurm's ``proctrack/cgroup`` and ``proctrack/linuxproc`` still count it in the step;
     ``proctrack/pgid`` (which Slurm advises against) would not.
+
+    It sends ``(results, None)``, or ``(None, error)`` with :func:`describe_error`'s line.
     """
     _lead_own_process_group(os.getpid())
+    os.close(alive[1])  # only the rank may hold the write end, or its death would go unnoticed
+    _die_with_rank(alive[0])
     gc.disable()  # a collection here could free the parent's CUDA tensors from a forked child (Megatron does the same)
     os.nice(_WRITER_NICENESS)
     collected = _Collect()
-    _write_and_hash(request, staging, rank, False, collected)
-    conn.send(collected.item)
+    try:
+        _write_and_hash(request, staging, rank, False, collected)
+    except Exception as exc:
+        log.exception("rank %d: the background writer failed", rank)
+        conn.send((None, describe_error(exc, staging)))
+    else:
+        conn.send((collected.item, None))
     conn.close()
 
 
@@ -123,6 +226,19 @@ _WRITER_NICENESS = 10
 
 #: How often a waiting save asks (collectively) whether the writers reported.
 _WAIT_POLL_S = 0.5
+
+
+def _start_writer(request: Any, staging: Path, rank: int) -> tuple[Any, Connection, int]:
+    """Fork the background writer; returns it, the pipe it reports on, and the rank's end of its lifeline."""
+    ctx = multiprocessing.get_context("fork")
+    conn, child_end = ctx.Pipe(duplex=False)
+    alive = os.pipe()
+    process = ctx.Process(target=_background_writer, args=(request, staging, rank, child_end, alive), daemon=False)
+    process.start()
+    _lead_own_process_group(cast(int, process.pid))  # a started process has one
+    child_end.close()
+    os.close(alive[0])
+    return process, conn, alive[1]
 
 
 def _lead_own_process_group(pid: int) -> None:
@@ -151,10 +267,12 @@ class Checkpointer:
         verify: Check = "sha256",
         async_blocker: str | None = None,
         async_wait_s: float = 600.0,
+        allow_fresh_start: bool = False,
     ) -> None:
         """``async_blocker``: why async saving cannot be used here (then every save is synchronous).
 
         ``async_wait_s``: the longest a save (or :meth:`wait`) waits for the previous async save's writers.
+        ``allow_fresh_start``: start from scratch when checkpoints exist but none is usable.
         """
         import torch.distributed as dist
 
@@ -165,6 +283,8 @@ class Checkpointer:
         self.rank = dist.get_rank()
         self.async_save = async_save and async_blocker is None
         self.async_wait_s = async_wait_s
+        self.allow_fresh_start = allow_fresh_start
+        self._trusted: set[int] = set()
         self._pending: _Pending | None = None
         self._results = state.results_queue()
         self._validated = False
@@ -194,17 +314,43 @@ class Checkpointer:
         async save still being written: its writers are stopped and the older step is left partial.
         Any other save waits for the previous one.
         """
-        import torch.distributed as dist
-
         if supersede:
             self._abandon_unfinished_write(step)
         self.wait()
+        try:
+            self._save(step, model_chunks, optimizer, scheduler, extra, sync=sync, reason=reason)
+        except CheckpointError:
+            raise
+        except Exception as exc:
+            staging = self._staging_path(step)
+            if _os_error(exc) is None and _file_system_problem(staging) is None:
+                raise
+            self._fail(step, describe_error(exc, staging), exc)  # a full or read-only disk: say the path and errno
+
+    def _save(
+        self,
+        step: int,
+        model_chunks: Sequence[Any],
+        optimizer: Any,
+        scheduler: Any,
+        extra: dict[str, Any],
+        *,
+        sync: bool,
+        reason: str,
+    ) -> None:
+        import torch.distributed as dist
+
         started = time.perf_counter()
         state.drain(self._results)
         pending = _Pending(step, None, None, started, 0.0, reason, {})
+        error = None
         if self.rank == 0:
-            self.store.begin(step)
-        dist.barrier()
+            try:
+                self.store.begin(step)
+            except OSError as exc:
+                error = describe_error(exc, self._staging_path(step))
+        if agree(error is not None):  # also the barrier before the ranks write into the staging directory
+            self._fail(step, error or "on rank 0")
         staging = self.store.staging_dir(step)
         lap = pending.lap("begin", started)
         pending.request = state.prepare_save(
@@ -218,7 +364,7 @@ class Checkpointer:
                 pending.phases["hash"] = round(hash_s, 4)
             except Exception as exc:
                 log.exception("writing the shards of step %d failed", step)
-                pending.error = str(exc) or type(exc).__name__
+                pending.error = describe_error(exc, staging)
             pending.lap("write", lap)
             self._finish(pending, sync=True)
             dist.barrier()
@@ -230,14 +376,7 @@ class Checkpointer:
             lap = pending.lap("stage", lap)
         if request.async_fn is not None:
             staged = request._replace(async_fn_args=tuple(args), preload_fn=None)
-            ctx = multiprocessing.get_context("fork")
-            pending.conn, child_end = ctx.Pipe(duplex=False)
-            pending.process = ctx.Process(
-                target=_background_writer, args=(staged, staging, self.rank, child_end), daemon=False
-            )
-            pending.process.start()
-            _lead_own_process_group(pending.process.pid)
-            child_end.close()
+            pending.process, pending.conn, pending.alive_fd = _start_writer(staged, staging, self.rank)
             pending.lap("fork", lap)
         pending.stall_s = time.perf_counter() - started
         self._pending = pending
@@ -288,7 +427,7 @@ class Checkpointer:
             self._commit = None
         if self._commit_error is not None:
             error, self._commit_error = self._commit_error, None
-            raise CheckpointError(f"committing the previous checkpoint failed: {error}") from error
+            raise CheckpointError(f"committing the previous checkpoint failed: {describe_error(error)}") from error
 
     def _writers_reported(self, pending: _Pending) -> bool:
         """Wait until every rank's writer reported; past ``async_wait_s`` on any rank, abandon the save.
@@ -314,17 +453,17 @@ class Checkpointer:
     def _finish(self, pending: _Pending, sync: bool) -> None:
         if pending.conn is not None and pending.process is not None:
             try:
-                self._results.put(pending.conn.recv())  # where Megatron's finalize looks for them
+                results, pending.error = pending.conn.recv()
+                self._results.put(results)  # where Megatron's finalize looks for them
             except EOFError:
                 pending.error = "the background writer died before reporting"
             pending.conn.close()
             pending.process.join()
+            pending.release_writer()
             if pending.process.exitcode != 0 and pending.error is None:
                 pending.error = f"the background writer exited with {pending.process.exitcode}"
         if agree(pending.error is not None):
-            if self.rank == 0:
-                self._emit("checkpoint_failed", step=pending.step, why=pending.error or "another rank failed")
-            raise CheckpointError(f"saving step {pending.step} failed: {pending.error or 'on another rank'}")
+            self._fail(pending.step, pending.error or "on another rank")
         lap = time.perf_counter()
         state.finalize_request(pending.request)
         pending.lap("finalize", lap)
@@ -337,19 +476,44 @@ class Checkpointer:
         )
         self._commit.start()
 
+    def _fail(self, step: int, why: str, cause: BaseException | None = None) -> None:
+        """A save failed (the ranks agreed, or rank 0 alone): event and cleanup on rank 0, then one error."""
+        log.error("saving step %d failed: %s", step, why)
+        if self.rank == 0:
+            self._discard(step, why)
+        raise CheckpointError(f"saving step {step} failed: {why}") from cause
+
+    def _discard(self, step: int, why: str) -> None:
+        """Rank 0: a ``checkpoint_failed`` event, and the failed save's staging directory removed."""
+        self._emit("checkpoint_failed", step=step, why=why)
+        staging = self._staging_path(step)
+        shutil.rmtree(staging, ignore_errors=True)
+        if staging.exists():
+            log.warning("could not remove the partial checkpoint %s", staging)
+
+    def _staging_path(self, step: int) -> Path:
+        return self.store.root / f".tmp-{step_name(step)}"
+
     def _in_background(self, pending: _Pending, commit: bool) -> None:
         """Rank 0: commit an async save, then apply retention (deleting old checkpoints takes a while)."""
-        try:
-            if commit:
+        if commit:
+            try:
                 self._commit_and_report(pending, sync=False)
-            self.store.apply_retention()
+            except BaseException as exc:
+                log.exception("committing step %d failed", pending.step)
+                self._discard(pending.step, describe_error(exc, self._staging_path(pending.step)))
+                self._commit_error = exc
+                return
+        try:
+            self.store.apply_retention(trusted=set(self._trusted))
         except BaseException as exc:
-            log.exception("committing step %d or applying retention failed", pending.step)
+            log.exception("applying retention after step %d failed", pending.step)
             self._commit_error = exc
 
     def _commit_and_report(self, pending: _Pending, sync: bool) -> None:
         lap = time.perf_counter()
         path = self.store.commit(pending.step, retain=False)
+        self._trusted.add(pending.step)  # hashed by the ranks that wrote it
         pending.lap("commit", lap)
         manifest = self.store.verify(pending.step, check="size")
         seconds = time.perf_counter() - pending.started_s
@@ -380,6 +544,8 @@ class Checkpointer:
         """
         import torch.distributed as dist
 
+        from air_hpc.resilience.safe_load import check_checkpoint
+
         rank, world = self.rank, dist.get_world_size()
         listing: list[Any] = [None]
         if rank == 0:
@@ -388,20 +554,35 @@ class Checkpointer:
                 self._emit("checkpoint_partial", path=str(path), why="save did not finish; ignored")
             listing = [sorted(self.store.committed_steps(), reverse=True)]
         dist.broadcast_object_list(listing, src=0)
+        failures: list[str] = []
         for step in listing[0]:
             problem = None
             try:
                 self.store.verify(step, check=self.verify, share=(rank, world))
+                if rank == 0:
+                    check_checkpoint(self.store.path(step))  # a planted pickle: refused like a corrupt file
             except CheckpointError as exc:
                 problem = str(exc)
             problems: list[Any] = [None] * world
             dist.all_gather_object(problems, problem)
             found = [p for p in problems if p]
             if not found:
+                self._trusted.add(int(step))
                 return int(step)
             if rank == 0:
                 log.warning("skipping checkpoint step %d: %s", step, found[0])
                 self._emit("checkpoint_skipped", step=step, why=found[0])
+            failures.append(found[0])
+        if failures and not self.allow_fresh_start:
+            raise UnusableCheckpointsError(
+                f"{self.store.root}: all {len(failures)} checkpoint(s) failed verification "
+                f"({'; '.join(failures)}); refusing to start from scratch over them (they are kept). "
+                "To train from step 0 anyway, set checkpoint.allow_fresh_start=true "
+                "(air-hpc submit JOB --set checkpoint.allow_fresh_start=true)"
+            )
+        if failures and rank == 0:
+            log.warning("no usable checkpoint; starting from scratch (checkpoint.allow_fresh_start)")
+            self._emit("fresh_start", skipped=len(failures))
         return None
 
     def resume(

@@ -289,35 +289,45 @@ class CheckpointStore:
         os.replace(tmp, self.latest_file)
         fsync_path(self.root)
 
-    def apply_retention(self, keep_last: int | None = None, keep_every: int | None = None) -> list[int]:
+    def apply_retention(
+        self, keep_last: int | None = None, keep_every: int | None = None, trusted: Iterable[int] | None = None
+    ) -> list[int]:
         """Delete committed checkpoints that retention does not keep; returns their steps.
 
-        The newest checkpoint that passes the size check is always kept, whatever K says.
+        A checkpoint is deleted only when a newer *verified* one supersedes it: one that passes
+        the size check and, when ``trusted`` is given, is among those steps (the checkpointer's
+        own: the step it resumed from after hashing it, and those it wrote and hashed itself).
+        So corrupt newer checkpoints never cost an older one, which may be the only one left to
+        resume from. ``keep_last`` counts verified checkpoints only.
         """
         keep_last = self.keep_last if keep_last is None else keep_last
         keep_every = self.keep_every if keep_every is None else keep_every
         if keep_last < 1:
             raise ConfigError(f"--keep: {keep_last}, expected >= 1")
         steps = self.committed_steps()
-        keep = retained_steps(steps, keep_last, keep_every)
-        for step in sorted(steps, reverse=True):
-            try:
-                self.verify(step, check="size")
-            except CheckpointError:
-                continue
-            keep.add(step)
-            break
+        allowed = None if trusted is None else set(trusted)
+        verified = [s for s in steps if (allowed is None or s in allowed) and self._passes_size_check(s)]
+        keep = retained_steps(verified, keep_last, 0) | retained_steps(steps, 0, keep_every)
+        newest_verified = max(verified, default=None)
         removed = []
         for step in steps:
-            if step not in keep:
-                trash = self.root / f"{_TRASH_PREFIX}{step_name(step)}-{os.getpid()}"
-                os.rename(self.path(step), trash)
-                shutil.rmtree(trash, ignore_errors=True)
-                removed.append(step)
+            if step in keep or newest_verified is None or step >= newest_verified:
+                continue
+            trash = self.root / f"{_TRASH_PREFIX}{step_name(step)}-{os.getpid()}"
+            os.rename(self.path(step), trash)
+            shutil.rmtree(trash, ignore_errors=True)
+            removed.append(step)
         if removed:
             fsync_path(self.root)
             log.info("retention removed steps %s", removed)
         return removed
+
+    def _passes_size_check(self, step: int) -> bool:
+        try:
+            self.verify(step, check="size")
+        except CheckpointError:
+            return False
+        return True
 
     # -- reading ------------------------------------------------------------------------------
     def committed_steps(self) -> list[int]:

@@ -87,6 +87,7 @@ def train(
         device=job.hardware.device,
         verify=job.checkpoint.verify,
         async_wait_s=job.checkpoint.async_wait_s,
+        allow_fresh_start=job.checkpoint.allow_fresh_start,
     )
     if heartbeat is not None:
         heartbeat.beat("checkpoint", 0)

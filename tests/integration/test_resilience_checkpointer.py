@@ -8,9 +8,13 @@ show that a signal on one rank, or a deadline on one rank's clock, stops both, f
 
 import contextlib
 import functools
+import json
 import multiprocessing
 import os
+import pickle
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,11 +23,11 @@ from typing import Any
 import psutil
 import pytest
 
-from air_hpc.errors import CheckpointError
+from air_hpc.errors import CheckpointError, UnusableCheckpointsError
 from air_hpc.resilience import state
 from air_hpc.resilience.checkpointer import Checkpointer
 from air_hpc.resilience.events import EventLog, read_events
-from air_hpc.resilience.store import CheckpointStore
+from air_hpc.resilience.store import MANIFEST, CheckpointStore, sha256_file
 from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -97,9 +101,11 @@ def test_a_failed_write_fails_the_save_and_keeps_the_previous_checkpoint(
             save(ckpt, model, 2, sync=sync)  # a sync save fails here; an async one at the next wait/poll
             ckpt.wait()
     assert store.latest_complete() == 1 and store.latest_pointer() == 1
-    assert [p.name for p in store.partial()] == [".tmp-step_0000002"]
+    assert store.partial() == []  # the failed save's staging directory is gone
     failed = [e for e in read_events(events.path) if e["kind"] == "checkpoint_failed"]
-    assert failed[0]["step"] == 2 and ("No space left" in failed[0]["why"] or "writer" in failed[0]["why"])
+    assert [e["step"] for e in failed] == [2] and failed[0]["why"].endswith(
+        ".tmp-step_0000002: No space left on device (errno 28, ENOSPC)"
+    )
     save(ckpt, model, 3, sync=sync)  # the next save cleans up and succeeds
     ckpt.close()
     assert store.committed_steps() == [1, 3] and store.partial() == []
@@ -219,3 +225,135 @@ def test_ranks_agree_on_stopping_and_why(tmp_path: Path) -> None:
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
     decisions = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2)]
     assert decisions == [[None, "deadline", "signal", True, False]] * 2
+
+
+@contextlib.contextmanager
+def mounted(target: Path, *mount_args: str) -> Iterator[Path]:
+    """``mount ARGS TARGET`` (CI runs as root), unmounted afterwards; skips where mounting is not allowed."""
+    target.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", *mount_args, str(target)], capture_output=True, text=True, check=False)
+    if done.returncode:
+        pytest.skip(f"cannot mount here: {done.stderr.strip()}")
+    try:
+        yield target
+    finally:
+        subprocess.run(["umount", str(target)], check=True)
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_a_full_disk_fails_the_save_with_path_and_errno_and_removes_it(model: Any, tmp_path: Path, sync: bool) -> None:
+    with mounted(tmp_path / "small", "-t", "tmpfs", "-o", "size=1m", "tmpfs") as small:
+        store = CheckpointStore(small / "checkpoints", keep_last=5)
+        events = EventLog(tmp_path / "events.jsonl")
+        ckpt = Checkpointer(store, events, async_save=True)
+        with pytest.raises(CheckpointError) as failed:
+            save(ckpt, model, 1, sync=sync)  # 3.6 MB of shards on a 1 MB file system
+            ckpt.wait()
+        message = str(failed.value)
+        assert message.startswith(f"saving step 1 failed: {small}/checkpoints/.tmp-step_0000001"), message
+        assert "No space left on device (errno 28, ENOSPC" in message and "\n" not in message
+        assert store.partial() == [] and store.committed_steps() == []
+        assert not list((small / "checkpoints").iterdir())  # nothing left on the full disk
+        failed_events = [e for e in read_events(events.path) if e["kind"] == "checkpoint_failed"]
+        assert [e["step"] for e in failed_events] == [1] and "errno 28, ENOSPC" in failed_events[0]["why"]
+
+
+def test_a_read_only_file_system_fails_the_save_in_one_line(model: Any, tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    store = CheckpointStore(root / "checkpoints", keep_last=5)
+    events = EventLog(tmp_path / "events.jsonl")
+    ckpt = Checkpointer(store, events, async_save=False)
+    save(ckpt, model, 1, sync=True)
+    ckpt.close()
+    read_only = r"^saving step 2 failed: .*: Read-only file system \(errno 30, EROFS\)$"
+    with mounted(root, "-o", "bind,ro", str(root)), pytest.raises(CheckpointError, match=read_only):
+        save(ckpt, model, 2, sync=True)
+    assert store.committed_steps() == [1] and store.latest_complete() == 1
+    failed = [e for e in read_events(events.path) if e["kind"] == "checkpoint_failed"]
+    assert [e["step"] for e in failed] == [2] and "EROFS" in failed[0]["why"]
+
+
+def test_resume_refuses_to_start_over_checkpoints_that_all_fail(model: Any, tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "checkpoints", keep_last=5)
+    events = EventLog(tmp_path / "events.jsonl")
+    ckpt = Checkpointer(store, events, async_save=False)
+    for step in (1, 2):
+        save(ckpt, model, step, sync=True)
+    ckpt.close()
+    for step in (1, 2):
+        shard = next(store.path(step).glob("*.distcp"))
+        data = bytearray(shard.read_bytes())
+        data[1000] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    with pytest.raises(UnusableCheckpointsError) as refused:
+        ckpt.resume(model.chunks, model.optimizer, model.scheduler)
+    assert refused.value.exit_code == 2
+    message = str(refused.value)
+    assert all(str(next(store.path(s).glob("*.distcp"))) in message for s in (1, 2))
+    assert "checkpoint.allow_fresh_start=true" in message
+    fresh = Checkpointer(store, events, async_save=False, allow_fresh_start=True)
+    assert fresh.resume(model.chunks, model.optimizer, model.scheduler) is None
+    assert store.committed_steps() == [1, 2]  # kept: they may still be recoverable
+    assert [e["kind"] for e in read_events(events.path)][-1] == "fresh_start"
+
+
+class _Planted:
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (os.system, ("touch planted-pickle-ran",))
+
+
+def test_a_planted_pickle_is_skipped_like_a_corrupt_checkpoint(
+    model: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    store = CheckpointStore(tmp_path / "checkpoints", keep_last=5)
+    events = EventLog(tmp_path / "events.jsonl")
+    ckpt = Checkpointer(store, events, async_save=False)
+    for step in (1, 2):
+        save(ckpt, model, step, sync=True)
+    ckpt.close()
+    # An attacker rewrites .metadata and the manifest with it, so sizes and hashes all match.
+    directory = store.path(2)
+    (directory / ".metadata").write_bytes(pickle.dumps(_Planted()))
+    manifest = json.loads((directory / MANIFEST).read_text())
+    for entry in manifest["files"]:
+        entry["bytes"] = (directory / entry["path"]).stat().st_size
+        entry["sha256"] = sha256_file(directory / entry["path"])
+    (directory / MANIFEST).write_text(json.dumps(manifest))
+    loaded = ckpt.resume(model.chunks, model.optimizer, model.scheduler)
+    assert loaded is not None and loaded.step == 1
+    assert not (tmp_path / "planted-pickle-ran").exists()
+    skipped = [e for e in read_events(events.path) if e["kind"] == "checkpoint_skipped"]
+    assert [e["step"] for e in skipped] == [2] and "global 'posix.system' is not allowed" in skipped[0]["why"]
+
+
+RANK_WITH_STUCK_WRITER = """
+import multiprocessing, os, sys, time
+from pathlib import Path
+from air_hpc.resilience import checkpointer, state
+
+def stuck(request, stage_to_host=False, results=None):
+    worker = multiprocessing.get_context("fork").Process(target=time.sleep, args=(3600,))
+    worker.start()
+    Path(sys.argv[1]).write_text(f"{os.getpid()} {worker.pid}")
+    time.sleep(3600)
+
+state.run_request = stuck
+checkpointer._start_writer(None, Path(sys.argv[2]), 0)
+time.sleep(3600)
+"""
+
+
+def test_a_writer_and_its_workers_die_with_their_rank(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    rank = subprocess.Popen([sys.executable, "-c", RANK_WITH_STUCK_WRITER, str(pids), str(tmp_path)], cwd=REPO)
+    try:
+        wait_for("the writer's worker", pids.exists, 60)
+        writer, worker = (int(p) for p in pids.read_text().split())
+        rank.kill()  # kill -9: no handler, no cleanup in the rank
+        rank.wait()
+        started = time.monotonic()
+        wait_for("the writer and its worker to be gone", lambda: _gone(writer) and _gone(worker), 10)
+        assert time.monotonic() - started < 5
+    finally:
+        rank.kill()

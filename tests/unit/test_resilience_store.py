@@ -19,10 +19,10 @@ def write_shards(store: CheckpointStore, step: int, payload: bytes | None = None
     return staging
 
 
-def save(store: CheckpointStore, step: int) -> Path:
+def save(store: CheckpointStore, step: int, retain: bool = True) -> Path:
     store.begin(step)
     write_shards(store, step)
-    return store.commit(step)
+    return store.commit(step, retain=retain)
 
 
 def flip_byte(path: Path, offset: int = 100) -> None:
@@ -161,8 +161,21 @@ def test_retention_after_commit_and_keeps_newest_good_one(tmp_path: Path) -> Non
     assert store.committed_steps() == [30, 40, 50]
     (store.path(50) / "common.pt").write_bytes(b"")
     (store.path(40) / "common.pt").write_bytes(b"")
-    assert store.apply_retention(keep_last=1) == [40]
-    assert store.committed_steps() == [30, 50]  # 30: every 30th and the newest that passes sizes
+    assert store.apply_retention(keep_last=1) == []  # 40 and 50 are broken: nothing supersedes 30 or 40
+    assert store.committed_steps() == [30, 40, 50]
+
+
+def test_retention_deletes_only_what_a_verified_newer_checkpoint_supersedes(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "c", keep_last=1)
+    for step in (10, 20, 30):
+        save(store, step, retain=False)
+    (store.path(30) / "common.pt").write_bytes(b"")  # the newest is corrupt
+    assert store.apply_retention() == [10]  # 20 is the newest verified one; 30 has nothing newer
+    assert store.committed_steps() == [20, 30]
+    save(store, 40, retain=False)
+    assert store.apply_retention(trusted=[]) == []  # nothing verified by the caller: delete nothing
+    assert store.apply_retention(trusted=[40]) == [20, 30]
+    assert store.committed_steps() == [40]
 
 
 @pytest.mark.parametrize(("keep_last", "keep_every", "key"), [(0, 0, "keep_last"), (1, -1, "keep_every")])
