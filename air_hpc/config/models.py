@@ -74,6 +74,9 @@ class HardwareConfig(Section):
     nccl_env: dict[str, str] = Field(
         default_factory=dict, description="NCCL/IB environment defaults for this hardware."
     )
+    usd_per_gpu_hour: float | None = Field(
+        None, ge=0, description="Price of one GPU-hour, for the cost lines of `air-hpc report` (unset: no cost)."
+    )
 
 
 class ModelConfig(Section):

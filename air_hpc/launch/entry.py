@@ -85,6 +85,7 @@ class TrainingEntry(submitit.helpers.Checkpointable):
         stop = trainer.arm_stop(job)
         trainer.validate(job)
         env = current_dist_env(os.environ)
+        metrics.warn_once_per_job(env.rank)
         handler = metrics.setup_rank_logging(run_dir.rank_log(env.rank), env.rank)
         try:
             log.info("rank %d of %d on %s (local rank %d)", env.rank, env.world_size, env.hostname, env.local_rank)

@@ -2,9 +2,11 @@
 
 The x axis is wall time since the first start, so an interruption shows as a
 gap in the curves and a shaded span in the timeline, with the steps trained
-again after it drawn on top of their lost first run.
+again after it drawn on top of their lost first run. Start-up (a start to its
+first step) is shaded too, and tokens/s is drawn raw and as a running median.
 """
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,25 @@ from air_hpc.observe.records import CHECKPOINT_KIND, PREEMPT_KINDS, RunRecords, 
 from air_hpc.observe.report import RunReport
 
 CAUSE_COLORS = {"preemption": "tab:orange", "hang": "tab:red", "unhealthy": "tab:purple", "unknown": "tab:gray"}
+STARTUP_COLOR = "tab:cyan"
+#: Steps in the running median of tokens/s (odd, centred).
+SMOOTH_STEPS = 5
+
+
+def running_median(values: list[float], window: int = SMOOTH_STEPS) -> list[float]:
+    """Centred running median; the window shrinks at the ends so every point has a value."""
+    half = window // 2
+    return [statistics.median(values[max(i - half, 0) : i + half + 1]) for i in range(len(values))]
+
+
+def startup_spans(records: RunRecords, report: RunReport) -> list[tuple[float, float]]:
+    """(start, first step began) of each start that reached a step."""
+    spans = []
+    for start, segment in zip(records.starts_s, _segments(records, report), strict=False):
+        began = [(s.time_s or 0.0) - (s.step_time_s or 0.0) for s in segment if s.time_s is not None]
+        if began and min(began) > start:
+            spans.append((start, min(began)))
+    return spans
 
 
 def _segments(records: RunRecords, report: RunReport) -> list[list[StepRecord]]:
@@ -51,17 +72,46 @@ def plot_run(records: RunRecords, report: RunReport, output: Path, title: str) -
             ax_loss.plot(*zip(*losses, strict=True), marker=".", markersize=3, linewidth=1, label=label)
         rates = [(x, s.tokens_per_s) for x, s in zip(xs, segment, strict=True) if s.tokens_per_s is not None]
         if rates:
-            ax_tps.plot(*zip(*rates, strict=True), marker=".", markersize=3, linewidth=1)
+            times, values = zip(*rates, strict=True)
+            first = number == 0
+            ax_tps.plot(
+                times, values, ".", markersize=3, color="tab:gray", alpha=0.5, label="per step" if first else None
+            )
+            ax_tps.plot(
+                times,
+                running_median(list(values)),
+                linewidth=1.5,
+                color="tab:blue",
+                label=f"running median ({SMOOTH_STEPS} steps)" if first else None,
+            )
     ax_loss.set_ylabel("loss")
-    ax_loss.legend(loc="upper right", fontsize=8)
     ax_tps.set_ylabel("tokens/s")
+    ax_tps.legend(loc="lower right", fontsize=7)
+    for number, (since, until) in enumerate(startup_spans(records, report)):
+        for ax in (ax_loss, ax_tps, ax_time):
+            ax.axvspan(
+                minutes(since),
+                minutes(until),
+                color=STARTUP_COLOR,
+                alpha=0.2,
+                linewidth=0,
+                label="start-up" if number == 0 and ax is ax_loss else None,
+            )
     _timeline(ax_time, records, report, minutes)
     for restart in report.restarts:
         color = CAUSE_COLORS.get(restart.cause, "tab:gray")
         end = restart.resumed_s if restart.resumed_s is not None else report.last_activity_s
         lost_from = restart.interrupted_s - restart.lost_compute_s
         for ax in (ax_loss, ax_tps, ax_time):
-            ax.axvspan(minutes(restart.interrupted_s), minutes(end), color=color, alpha=0.15, linewidth=0)
+            labelled = ax is ax_loss
+            ax.axvspan(
+                minutes(restart.interrupted_s),
+                minutes(end),
+                color=color,
+                alpha=0.15,
+                linewidth=0,
+                label=f"restart {restart.number} latency ({restart.cause})" if labelled else None,
+            )
             # Training after the last checkpoint that had to be done again: lost too, drawn hatched.
             ax.axvspan(
                 minutes(lost_from),
@@ -71,7 +121,9 @@ def plot_run(records: RunRecords, report: RunReport, output: Path, title: str) -
                 hatch="//",
                 alpha=0.4,
                 linewidth=0,
+                label=f"restart {restart.number} lost work" if labelled else None,
             )
+    ax_loss.legend(loc="upper right", fontsize=8)
     ax_time.set_xlabel("minutes since the first start")
     goodput = f"{100 * report.goodput:.1f}%" if report.goodput is not None else "n/a"
     fig.suptitle(

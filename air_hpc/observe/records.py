@@ -50,6 +50,12 @@ class RunRecords:
     """Wall-clock time of each start of the job (first start and every restart), ascending."""
     total_steps: int | None
     tokens_per_step: int | None
+    submitted_s: float | None = None
+    """When the run was first submitted (its queue wait starts here); None when not recorded."""
+    gpus: int = 0
+    """GPUs the run holds while it runs (nodes x the hardware's gpus_per_node; 0 on CPU hardware)."""
+    usd_per_gpu_hour: float | None = None
+    """The hardware profile's price, for the report's cost lines."""
 
     def of_kind(self, *kinds: str) -> tuple[Event, ...]:
         return tuple(e for e in self.events if e.kind in kinds)
@@ -99,16 +105,28 @@ def start_times(events: tuple[Event, ...], submissions: list[dict[str, Any]]) ->
     return tuple(sorted(starts))
 
 
+def first_submission(submissions: list[dict[str, Any]]) -> float | None:
+    times = [t for row in submissions if row.get("event") == "submitted" and (t := _float(row.get("time")))]
+    return min(times) if times else None
+
+
 def load_records(run_dir: RunDir) -> RunRecords:
     events = parse_events(read_jsonl(run_dir.events))
-    total = tokens = None
+    submissions = read_jsonl(run_dir.submissions)
+    total = tokens = price = None
+    gpus = 0
     if run_dir.job_json.is_file():
         job = run_dir.read_job()
         total, tokens = job.train.steps, job.train.global_batch_size * job.model.seq_len
+        gpus = job.resources.nodes * job.hardware.gpus_per_node if job.hardware.device == "cuda" else 0
+        price = job.hardware.usd_per_gpu_hour
     return RunRecords(
         steps=parse_steps(read_jsonl(run_dir.metrics)),
         events=events,
-        starts_s=start_times(events, read_jsonl(run_dir.submissions)),
+        starts_s=start_times(events, submissions),
         total_steps=total,
         tokens_per_step=tokens,
+        submitted_s=first_submission(submissions),
+        gpus=gpus,
+        usd_per_gpu_hour=price,
     )

@@ -1,6 +1,11 @@
 """Goodput and what each restart cost, from a run's records.
 
-- goodput = productive training time / wall time since the first start, where
+- wall time runs from the first submission (else the first start) to the last
+  thing the run recorded, and is broken into parts that add up to it: queue
+  wait, start-up (first start to its first step), productive training,
+  checkpoint stall, lost work, restart latency, and the rest (between steps:
+  logging, metrics, the final save's tail);
+- goodput = productive training time / wall time, where
   productive time is the step time of every step that survived (a step
   trained again after a restart counts once, its lost first run not at all);
 - each restart loses the time spent on steps after the checkpoint it resumed
@@ -13,6 +18,7 @@
 """
 
 import bisect
+import itertools
 from dataclasses import asdict, dataclass
 
 from air_hpc.observe.records import CHECKPOINT_KIND, FAULT_KINDS, PREEMPT_KINDS, RESUME_KIND, RunRecords, StepRecord
@@ -38,6 +44,43 @@ class Restart:
 
 
 @dataclass(frozen=True)
+class TimeBreakdown:
+    """Where the wall time went; the parts are disjoint spans of the timeline and sum to ``wall_s``."""
+
+    queue_wait_s: float
+    startup_s: float
+    productive_s: float
+    checkpoint_stall_s: float
+    """Saves training waited for, except those inside lost work or a restart (counted there)."""
+    lost_work_s: float
+    restart_latency_s: float
+    other_s: float
+
+    @property
+    def wall_s(self) -> float:
+        return sum(asdict(self).values())
+
+
+@dataclass(frozen=True)
+class Cost:
+    """GPU-hours the run held (allocated time x GPUs) and the part that produced nothing that counted."""
+
+    gpus: int
+    allocated_s: float
+    gpu_hours_used: float
+    gpu_hours_lost: float
+    usd_per_gpu_hour: float | None
+
+    @property
+    def usd_used(self) -> float | None:
+        return None if self.usd_per_gpu_hour is None else self.gpu_hours_used * self.usd_per_gpu_hour
+
+    @property
+    def usd_lost(self) -> float | None:
+        return None if self.usd_per_gpu_hour is None else self.gpu_hours_lost * self.usd_per_gpu_hour
+
+
+@dataclass(frozen=True)
 class RunReport:
     first_start_s: float
     last_activity_s: float
@@ -50,6 +93,9 @@ class RunReport:
     checkpoints: int
     checkpoint_stall_s: float
     checkpoint_write_s: float
+    breakdown: TimeBreakdown
+    cost: Cost
+    submitted_s: float | None = None
 
     @property
     def lost_s(self) -> float:
@@ -59,6 +105,7 @@ class RunReport:
         data = asdict(self)
         data["restarts"] = [{**asdict(r), "lost_s": r.lost_s} for r in self.restarts]
         data["lost_s"] = self.lost_s
+        data["cost"] = {**asdict(self.cost), "usd_used": self.cost.usd_used, "usd_lost": self.cost.usd_lost}
         return data
 
 
@@ -131,11 +178,32 @@ def build_report(records: RunRecords) -> RunReport | None:
             )
         )
     last = max([s.time_s or 0.0 for s in timed] + [e.time_s for e in records.events] + [starts[-1]])
-    wall = last - starts[0]
+    submitted = records.submitted_s if records.submitted_s is not None and records.submitted_s <= starts[0] else None
+    origin = submitted if submitted is not None else starts[0]
+    wall = last - origin
     saves = records.of_kind(CHECKPOINT_KIND)
     # A save made after an interruption (the preemption save) is part of that restart's latency.
     downtime = [(r.interrupted_s, r.resumed_s if r.resumed_s is not None else last) for r in restarts]
     stalls = [e for e in saves if not any(since <= e.time_s <= until for since, until in downtime)]
+    stall_s = sum(e.number("stall_s") or 0.0 for e in stalls)
+    lost_spans = [(r.interrupted_s - r.lost_compute_s, r.interrupted_s) for r in restarts]
+    stall_outside_lost = sum(
+        e.number("stall_s") or 0.0 for e in stalls if not any(since <= e.time_s <= until for since, until in lost_spans)
+    )
+    first_segment_end = min((_began_s(s) or 0.0 for s in segments[0]), default=None)
+    if first_segment_end is None:
+        first_segment_end = restarts[0].interrupted_s if restarts else last
+    latency = sum(r.latency_s if r.latency_s is not None else last - r.interrupted_s for r in restarts)
+    lost = sum(r.lost_compute_s for r in restarts)
+    parts = {
+        "queue_wait_s": starts[0] - origin,
+        "startup_s": max(first_segment_end - starts[0], 0.0),
+        "productive_s": productive,
+        "checkpoint_stall_s": stall_outside_lost,
+        "lost_work_s": lost,
+        "restart_latency_s": latency,
+    }
+    breakdown = TimeBreakdown(**parts, other_s=wall - sum(parts.values()))
     return RunReport(
         first_start_s=starts[0],
         last_activity_s=last,
@@ -146,8 +214,32 @@ def build_report(records: RunRecords) -> RunReport | None:
         total_steps=records.total_steps,
         restarts=tuple(restarts),
         checkpoints=len(saves),
-        checkpoint_stall_s=sum(e.number("stall_s") or 0.0 for e in stalls),
+        checkpoint_stall_s=stall_s,
         checkpoint_write_s=sum(e.number("seconds") or 0.0 for e in saves),
+        breakdown=breakdown,
+        cost=_cost(records, starts, last, breakdown),
+        submitted_s=submitted,
+    )
+
+
+def _cost(records: RunRecords, starts: list[float], last: float, breakdown: TimeBreakdown) -> Cost:
+    """Allocated time: the wall time less the queue wait and each requeued job's wait to start again.
+
+    A start's allocation ends with the last thing it recorded (its requeue, stop or last step).
+    """
+    pending = 0.0
+    for previous, start in itertools.pairwise(starts):
+        recorded = [e.time_s for e in records.events if previous <= e.time_s < start]
+        recorded += [s.time_s for s in records.steps if s.time_s is not None and previous <= s.time_s < start]
+        pending += start - max(recorded, default=previous)
+    allocated = max(breakdown.wall_s - breakdown.queue_wait_s - pending, 0.0)
+    hours = records.gpus / 3600.0
+    return Cost(
+        gpus=records.gpus,
+        allocated_s=allocated,
+        gpu_hours_used=allocated * hours,
+        gpu_hours_lost=max(allocated - breakdown.productive_s, 0.0) * hours,
+        usd_per_gpu_hour=records.usd_per_gpu_hour,
     )
 
 
@@ -155,13 +247,29 @@ def _share(part: float, whole: float) -> str:
     return f" ({100 * part / whole:.1f}% of wall)" if whole > 0 else ""
 
 
+BREAKDOWN_WORDS = (
+    ("queue_wait_s", "queue wait", "submission to the first start"),
+    ("startup_s", "start-up", "first start to its first step: launch, imports, model build, loading"),
+    ("productive_s", "productive", "steps that counted"),
+    ("checkpoint_stall_s", "checkpoint stall", "training waiting for saves"),
+    ("lost_work_s", "lost work", "steps trained again after a restart"),
+    ("restart_latency_s", "restart latency", "interruption to the first step after it"),
+    ("other_s", "other", "between steps and after the last: logging, metrics, the final save's tail"),
+)
+
+
 def format_report(report: RunReport) -> str:
     total = f"/{report.total_steps}" if report.total_steps else ""
     goodput = f"{100 * report.goodput:.1f}%" if report.goodput is not None else "n/a"
+    since = "the first submission" if report.submitted_s is not None else "the first start"
     lines = [
         f"steps        {report.steps_done}{total}",
-        f"wall time    {report.wall_s:.1f} s since the first start",
-        f"productive   {report.productive_s:.1f} s of training that counted",
+        f"wall time    {report.wall_s:.1f} s since {since}",
+    ]
+    parts = asdict(report.breakdown)
+    for key, name, what in BREAKDOWN_WORDS:
+        lines.append(f"  {name:<17}{parts[key]:>8.1f} s {_percent(parts[key], report.wall_s):>6}  {what}")
+    lines += [
         f"goodput      {goodput}",
         f"restarts     {len(report.restarts)}, {report.lost_s:.1f} s lost{_share(report.lost_s, report.wall_s)}",
     ]
@@ -175,4 +283,24 @@ def format_report(report: RunReport) -> str:
         f"checkpoints  {report.checkpoints} saved, training waited {report.checkpoint_stall_s:.2f} s"
         f"{_share(report.checkpoint_stall_s, report.wall_s)}, writing took {report.checkpoint_write_s:.2f} s"
     )
+    lines.append(_format_cost(report.cost))
     return "\n".join(lines)
+
+
+def _percent(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f}%" if whole > 0 else ""
+
+
+def _format_cost(cost: Cost) -> str:
+    allocated_h = cost.allocated_s / 3600.0
+    if not cost.gpus:
+        return f"GPU-hours    none: CPU hardware (allocated {allocated_h:.3f} h)"
+    line = (
+        f"GPU-hours    {cost.gpu_hours_used:.2f} used ({cost.gpus} GPUs x {allocated_h:.3f} h allocated), "
+        f"{cost.gpu_hours_lost:.2f} lost{_share(cost.gpu_hours_lost, cost.gpu_hours_used).replace('wall', 'used')}"
+    )
+    if cost.usd_used is None or cost.usd_lost is None:
+        return line + "; no price (hardware.usd_per_gpu_hour)"
+    return (
+        line + f"; cost ${cost.usd_used:,.2f}, of which ${cost.usd_lost:,.2f} lost (at ${cost.usd_per_gpu_hour}/GPU-h)"
+    )

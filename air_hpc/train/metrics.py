@@ -7,6 +7,7 @@ runs (or a run and its resumed twin) compare bit for bit.
 import json
 import logging
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
@@ -110,6 +111,27 @@ def peak_flops(device_name: str) -> float | None:
 
 def model_flops_utilization(tokens_per_s: float, per_token: float, peak_per_device: float, devices: int) -> float:
     return tokens_per_s * per_token / (peak_per_device * devices)
+
+
+def step_line(
+    step: int, total: int, loss: float | None, lr: float, grad_norm: float, seconds: float, loader_s: float
+) -> str:
+    """The per-step log line; ``loss`` None on ranks that do not hold it (only the last pipeline stage does)."""
+    shown = f" loss {loss:.6f}" if loss is not None else ""
+    timing = f"{seconds:.3f} s (loader {loader_s * 1e3:.1f} ms)"
+    return f"step {step}/{total}{shown} lr {lr:.3g} grad_norm {grad_norm:.4f} {timing}"
+
+
+#: Warnings every rank prints alike when Megatron is imported without Transformer Engine or Apex.
+SAME_ON_EVERY_RANK = (r"Transformer Engine (and Apex )?(is|are) not installed",)
+
+
+def warn_once_per_job(rank: int) -> None:
+    """Keep import-time warnings that every rank would repeat to rank 0; call before Megatron is imported."""
+    if rank == 0:
+        return
+    for pattern in SAME_ON_EVERY_RANK:
+        warnings.filterwarnings("ignore", message=pattern, category=UserWarning)
 
 
 class RankFormatter(logging.Formatter):

@@ -144,15 +144,18 @@ def train(
                     )
                 )
             if step % t.log_interval == 0:
+                shown_loss = result.loss if ctx.is_last_stage else None
                 log.info(
-                    "step %d/%d loss %.6f lr %.3g grad_norm %.4f %.3f s (loader %.1f ms)",
-                    step,
-                    t.steps,
-                    result.loss,
-                    result.lr,
-                    result.grad_norm,
-                    result.step_time_s,
-                    result.loader_time_s * 1e3,
+                    "%s",
+                    metrics_mod.step_line(
+                        step,
+                        t.steps,
+                        shown_loss,
+                        result.lr,
+                        result.grad_norm,
+                        result.step_time_s,
+                        result.loader_time_s,
+                    ),
                 )
             checkpoints.poll()
             reason = agree_stop(stop, deadline)

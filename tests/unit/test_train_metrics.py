@@ -3,6 +3,8 @@
 import logging
 from pathlib import Path
 
+import pytest
+
 from air_hpc.config.load import load_job
 from air_hpc.train.metrics import MetricsWriter, RankFormatter, StepMetrics, flops_per_token, read_metrics
 
@@ -54,3 +56,29 @@ def test_flops_per_token_of_gpt_125m_follows_the_12_l_h_squared_rule() -> None:
     layers, h, s, vocab = model.num_layers, model.hidden_size, model.seq_len, model.vocab_size
     assert model.ffn_hidden_size == 4 * h
     assert flops_per_token(model) == 6 * (12 * layers * h * h + h * vocab) + 12 * layers * h * s
+
+
+def test_the_step_line_shows_a_loss_only_where_there_is_one() -> None:
+    from air_hpc.train.metrics import step_line
+
+    assert step_line(3, 20, 4.25, 1e-3, 0.5, 1.25, 0.002) == (
+        "step 3/20 loss 4.250000 lr 0.001 grad_norm 0.5000 1.250 s (loader 2.0 ms)"
+    )
+    assert (
+        step_line(3, 20, None, 1e-3, 0.5, 1.25, 0.002) == "step 3/20 lr 0.001 grad_norm 0.5000 1.250 s (loader 2.0 ms)"
+    )
+
+
+@pytest.mark.parametrize(("rank", "warned"), [(0, True), (1, False)])
+def test_megatrons_missing_te_warning_is_printed_by_rank_0_only(rank: int, warned: bool) -> None:
+    import subprocess
+    import sys
+
+    probe = (
+        "import warnings; warnings.simplefilter('default')\n"
+        f"from air_hpc.train.metrics import warn_once_per_job; warn_once_per_job({rank})\n"
+        "import megatron.core.optimizer\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert ("Transformer Engine and Apex are not installed" in result.stderr) is warned, result.stderr
