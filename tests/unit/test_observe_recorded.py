@@ -1,6 +1,7 @@
 """Report and plot of a real run, recorded: gpt-tiny TP2xPP2 on two testbed nodes, preempted with USR2
 through its batch script at step 16 (saved there), requeued, resumed from 16 and finished at 30."""
 
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,14 @@ def test_recorded_preemption_report() -> None:
     assert (report.steps_done, report.total_steps, report.checkpoints) == (30, 30, 7)
     # The two saves at the stop (steps 15 and 16) belong to the restart, not to the checkpoint overhead.
     assert report.checkpoint_stall_s == pytest.approx(0.114 + 0.1422 + 0.092 + 0.0898 + 0.3518)
-    assert report.wall_s == pytest.approx(49.94, abs=0.01)
+    # Wall time from the submission: 0.17 s in the queue, then 49.94 s from the first start.
+    assert report.wall_s == pytest.approx(50.11, abs=0.01)
+    parts = report.breakdown
+    assert parts.queue_wait_s == pytest.approx(0.17, abs=0.01)
+    assert parts.startup_s == pytest.approx(11.44, abs=0.01)  # start-up is a fifth of this short run
+    assert parts.restart_latency_s == pytest.approx(29.76, abs=0.01)
+    assert parts.wall_s == pytest.approx(report.wall_s)
+    assert min(asdict(parts).values()) >= 0
     assert report.goodput == pytest.approx(report.productive_s / report.wall_s)
     assert 0.13 < (report.goodput or 0) < 0.15
     (restart,) = report.restarts
