@@ -13,6 +13,8 @@ status/logs/report) goes through :class:`RunDir`, so the layout lives here only:
       logs/              per-rank logs (rank-<R>.log) and the batch script's output
       heartbeat/         per-rank heartbeat files
       checkpoints/       step_0000123/ directories and the `latest` pointer
+      owner.json         the one job that may write here (taken at submit, checked by every rank)
+      .owner.lock        flock held while the owner is checked and replaced
 """
 
 import json
@@ -70,6 +72,14 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
+
+    @property
+    def owner(self) -> Path:
+        return self.path / "owner.json"
+
+    @property
+    def owner_lock(self) -> Path:
+        return self.path / ".owner.lock"
 
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"rank-{rank}.log"

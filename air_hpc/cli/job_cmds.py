@@ -61,6 +61,7 @@ def render(job_file: str, overrides: tuple[str, ...], output: str | None, python
 )
 @click.option("--dry-run", is_flag=True, help="Validate and render (and sbatch --test-only); submit nothing.")
 @click.option("--wait", is_flag=True, help="Follow the job to its end and print a summary.")
+@click.option("--force", is_flag=True, help="Submit even when the run's final checkpoint exists (the run is complete).")
 @python_option
 @json_option
 def submit(
@@ -69,6 +70,7 @@ def submit(
     executor: str,
     dry_run: bool,
     wait: bool,
+    force: bool,
     python: str | None,
     as_json: bool,
 ) -> None:
@@ -83,7 +85,14 @@ def submit(
         planned = submitting.plan(job, None if executor == "local" else client, python=python, test_only=True)
         _report_dry_run(planned, as_json)
         return
-    done = submitting.submit(job, executor, client, python=python)  # type: ignore[arg-type]
+    try:
+        done = submitting.submit(job, executor, client, python=python, force=force)  # type: ignore[arg-type]
+    except submitting.RunComplete as complete:  # nothing to do is not an error: say so, exit 0
+        if as_json:
+            echo_json({"complete": True, "run_dir": str(job.run.dir), "message": str(complete)})
+        else:
+            click.echo(str(complete), err=True)
+        return
     if not wait:
         if as_json:
             echo_json(done.to_json())

@@ -17,9 +17,10 @@ from typing import Any
 import hostlist
 import submitit
 
-from air_hpc.errors import ConfigError
+from air_hpc.errors import AirHpcError, ConfigError
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.guard import rank_guard, record_verdict
+from air_hpc.launch.owner import fence
 from air_hpc.render.spec import master_port
 from air_hpc.rundir import RunDir
 from air_hpc.train.parallel import DistEnv, apply_rank_order
@@ -79,6 +80,7 @@ class TrainingEntry(submitit.helpers.Checkpointable):
         from air_hpc.train import metrics, parallel, trainer
 
         run_dir = RunDir(self.run_dir)
+        fence(run_dir, os.environ)  # a job that does not own the run directory writes nothing there
         job = run_dir.read_job()
         for key, value in job.env.items():
             os.environ.setdefault(key, value)
@@ -113,6 +115,9 @@ class TrainingEntry(submitit.helpers.Checkpointable):
                 stop.uninstall()
                 _requeue_through_submitit(env.rank)
             return summary
+        except AirHpcError as exc:  # already one line that says what and where
+            log.error("rank %d failed: %s", env.rank, exc)
+            raise
         except Exception:
             log.exception("rank %d failed", env.rank)
             raise

@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from air_hpc.config.models import JobConfig
-from air_hpc.errors import AirHpcError, ConfigError, SlurmUnreachableError, TopologyError
+from air_hpc.errors import AirHpcError, CheckpointError, ConfigError, SlurmUnreachableError, TopologyError
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.badnodes import read_bad_nodes
+from air_hpc.launch.owner import Owner, claim
 from air_hpc.launch.runs import Executor, record_submission
 from air_hpc.render import NodeRequest, SbatchSpec, build_spec, job_environment, render_script
 from air_hpc.render.quoting import shell_quote
@@ -205,11 +206,23 @@ def submit(
     python: str | None = None,
     entry: EntryFactory = default_entry,
     step_command: Sequence[str] | None = None,
+    force: bool = False,
 ) -> Submission:
-    """Validate, record and submit; returns once the job has an id (use :func:`wait` to follow it)."""
+    """Validate, record and submit; returns once the job has an id (use :func:`wait` to follow it).
+
+    Refuses a run that is complete (:class:`RunComplete`, unless ``force``) and a run directory
+    that another live job owns (:class:`~air_hpc.launch.owner.RunBusyError`).
+    """
     if executor == "local" and job.resources.nodes != 1:
         raise ConfigError(
             f"resources.nodes: the local executor runs on one node, the job asks for {job.resources.nodes}"
+        )
+    final = completed_step(job)
+    if final is not None and not force:
+        raise RunComplete(
+            f"{RunDir.of(job).path} is complete: its final checkpoint (step {final}) exists for "
+            f"train.steps={job.train.steps}; nothing submitted. --force submits anyway; "
+            "a higher train.steps (--set train.steps=N) continues the run"
         )
     if step_command is None:
         check_data(job)
@@ -222,18 +235,50 @@ def submit(
     )
     for note in plan_.notes:
         log.info("%s", note)
-    run_dir = write_run(plan_)
-    handle = None
-    if executor == "slurm":
-        job_id = client.sbatch(run_dir.sbatch)
-    elif executor == "submitit":
-        job_id = _submit_submitit_slurm(plan_, entry(run_dir.path))
-    else:
-        handle = _submit_local(plan_, entry(run_dir.path))
-        job_id = str(handle.job_id)
+    with claim(RunDir.of(job), lambda owner: owner_is_live(owner, client)) as take_ownership:
+        run_dir = write_run(plan_)
+        handle = None
+        if executor == "slurm":
+            job_id = client.sbatch(run_dir.sbatch)
+        elif executor == "submitit":
+            job_id = _submit_submitit_slurm(plan_, entry(run_dir.path))
+        else:
+            handle = _submit_local(plan_, entry(run_dir.path))
+            job_id = str(handle.job_id)
+        take_ownership(job_id, executor)
     record_submission(run_dir, job_id, executor)
     log.info("submitted job %s (%s) for run %s", job_id, executor, run_dir.path)
     return Submission(job_id, executor, run_dir.path, plan_, handle)
+
+
+class RunComplete(AirHpcError):
+    """The run's final checkpoint exists: there is nothing left to train."""
+
+    exit_code = ExitCode.OK
+
+
+def completed_step(job: JobConfig) -> int | None:
+    """The step of the run's final checkpoint (``train.steps`` or later, passing the size check), else None."""
+    from air_hpc.resilience.store import CheckpointStore
+
+    store = CheckpointStore(RunDir.of(job).checkpoints, job.checkpoint.keep_last)
+    for step in sorted(store.committed_steps(), reverse=True):
+        if step < job.train.steps:
+            return None
+        try:
+            store.verify(step, check="size")
+        except CheckpointError:
+            continue
+        return step
+    return None
+
+
+def owner_is_live(owner: Owner, client: SlurmClient) -> bool:
+    """The job that owns a run still runs (a requeued, pending job counts): local by its process, else Slurm."""
+    if owner.executor == "local":
+        return owner.local_process_alive()
+    status = client.job_status(owner.job_id)
+    return status is not None and not status.state.terminal
 
 
 def _exports(env: dict[str, str]) -> list[str]:

@@ -19,6 +19,7 @@ import pytest
 from air_hpc.config import load_job
 from air_hpc.exitcodes import ExitCode
 from air_hpc.launch.control import run_status
+from air_hpc.launch.owner import RunBusyError, read_owner
 from air_hpc.launch.runs import record_submission
 from air_hpc.launch.submit import Submission, plan, submit
 from air_hpc.rundir import RunDir, read_jsonl
@@ -200,3 +201,29 @@ def test_status_with_controller_down_is_one_line_and_nonzero(testbed: Any, tmp_p
     assert result.returncode == ExitCode.UNREACHABLE
     assert result.stdout == ""
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: Slurm controller unreachable")
+
+
+def test_one_live_job_per_run_directory(testbed: Any, tmp_path: Path, payload: Path) -> None:
+    first = submit_payload(testbed, tmp_path, payload, "wait", "owned")
+    run = RunDir(first.run_dir)
+    script = run.sbatch.read_text()
+    with pytest.raises(RunBusyError, match=rf"job {first.job_id} \(slurm\) still owns this run directory"):
+        submit_payload(testbed, tmp_path, payload, "quick", "owned")
+    assert run.sbatch.read_text() == script
+    # A job that bypasses submit (sbatch of a copy of the script with the real training step) is
+    # fenced off by its ranks before they write anything.
+    rogue_script = tmp_path / "rogue.sbatch"
+    rogue_script.write_text(plan(load_job(run.job_json), None, python=sys.executable).script)
+    rogue = testbed.client.sbatch(rogue_script)
+    wait_ready(run.path, 4)
+    assert wait_state(testbed, rogue) is JobState.FAILED
+    fenced = (run.logs / f"slurm-{rogue}.err").read_text()
+    assert f"belongs to job {first.job_id}, not to this job {rogue}: exiting before writing anything" in fenced
+    assert not list(run.logs.glob("rank-*.log"))
+    assert not run.metrics.exists() and not run.checkpoints.exists() and not run.heartbeat.exists()
+    testbed.client.scancel(first.job_id)
+    assert wait_state(testbed, first.job_id, 30) is JobState.CANCELLED
+    second = submit_payload(testbed, tmp_path, payload, "quick", "owned")  # the ended owner's claim is stale
+    assert wait_state(testbed, second.job_id) is JobState.COMPLETED
+    owner = read_owner(run)
+    assert owner is not None and owner.job_id == second.job_id

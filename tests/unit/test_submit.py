@@ -71,6 +71,7 @@ def test_second_submission_of_a_run_appends(tmp_path: Path) -> None:
     fake = FakeSlurm()
     job = job_in(tmp_path)
     first = submit(job, "slurm", fake).job_id
+    fake.finish(first, JobState.FAILED, 1)  # ended: its claim on the run directory is stale
     second = submit(job, "slurm", fake).job_id
     assert [r.job_id for r in submissions(RunDir.of(job))] == [first, second]
 
@@ -223,7 +224,7 @@ def test_cli_dry_run_submits_nothing(tmp_path: Path, capsys: pytest.CaptureFixtu
 def test_cli_status_without_target_lists_queued_jobs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fake = FakeSlurm()
     first = submit(job_in(tmp_path), "slurm", fake).job_id
-    second = submit(job_in(tmp_path), "slurm", fake).job_id
+    second = submit(job_in(tmp_path, "run.name=other"), "slurm", fake).job_id
     fake.start(second, "n[3-4]")
     fake.finish(first)
     invoke(fake, ["status", "--json"])

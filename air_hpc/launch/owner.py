@@ -1,0 +1,132 @@
+"""One live owner per run directory: a lock taken at submit, a fence checked at rank start.
+
+Two jobs on one run directory interleave their metrics, events and logs and race on the
+checkpoints. ``owner.json`` names the job that owns the run; :func:`claim` (submit) replaces it
+only while holding ``.owner.lock`` (``flock``) and only when the job it names has ended, and
+:func:`fence` (every rank, before it writes anything) stops a rank whose job is not the owner.
+The rank takes the lock shared, so a job that starts while its own submit is still recording
+it waits for that record instead of finding the previous owner.
+"""
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass
+
+import psutil
+
+from air_hpc.errors import AirHpcError, UserError
+from air_hpc.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+
+class RunBusyError(UserError):
+    """Another live job owns the run directory."""
+
+
+class NotOwnerError(AirHpcError):
+    """This job is not the run directory's owner: its ranks must not write there."""
+
+
+@dataclass(frozen=True)
+class Owner:
+    job_id: str
+    executor: str
+    time_s: float
+    pid_start_s: float | None = None
+    """Local executor: the start time of the controller process whose PID is the job id."""
+
+    def local_process_alive(self) -> bool:
+        """The local controller still runs: its PID exists and started when it did (not a reused PID)."""
+        if self.pid_start_s is None or not self.job_id.isdigit():
+            return False
+        try:
+            proc = psutil.Process(int(self.job_id))
+            return abs(proc.create_time() - self.pid_start_s) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+
+def read_owner(run_dir: RunDir) -> Owner | None:
+    """The recorded owner, or None (never claimed); an unreadable record is an error naming the file."""
+    try:
+        data = json.loads(run_dir.owner.read_text())
+        return Owner(
+            job_id=str(data["job_id"]),
+            executor=str(data["executor"]),
+            time_s=float(data["time_s"]),
+            pid_start_s=None if data.get("pid_start_s") is None else float(data["pid_start_s"]),
+        )
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UserError(
+            f"{run_dir.owner}: unreadable owner record ({exc}); delete it if no job of this run is running"
+        ) from None
+
+
+@contextlib.contextmanager
+def _locked(run_dir: RunDir, exclusive: bool) -> Iterator[None]:
+    run_dir.path.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir.owner_lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def claim(run_dir: RunDir, is_live: Callable[[Owner], bool]) -> Iterator[Callable[[str, str], Owner]]:
+    """Hold the run's lock while submitting; refuse if a live job owns it; yields ``record(job_id, executor)``.
+
+    ``is_live`` decides whether the recorded owner still runs (Slurm: not in a final state;
+    local: its controller process). An ended owner's claim is stale and simply taken over.
+    """
+    with _locked(run_dir, exclusive=True):
+        current = read_owner(run_dir)
+        if current is not None and is_live(current):
+            raise RunBusyError(
+                f"{run_dir.path}: job {current.job_id} ({current.executor}) still owns this run directory; "
+                f"wait for it to end or cancel it (air-hpc cancel {run_dir.path}) before submitting again"
+            )
+        if current is not None:
+            log.info("taking over %s from job %s, which has ended", run_dir.path, current.job_id)
+
+        def record(job_id: str, executor: str) -> Owner:
+            start = None
+            if executor == "local" and job_id.isdigit():
+                with contextlib.suppress(psutil.Error):
+                    start = psutil.Process(int(job_id)).create_time()
+            owner = Owner(job_id, executor, time.time(), start)
+            tmp = run_dir.owner.with_name(f".{run_dir.owner.name}.tmp")
+            with open(tmp, "w") as out:
+                out.write(json.dumps(asdict(owner)) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, run_dir.owner)
+            return owner
+
+        yield record
+
+
+#: Where a rank finds its job's id: submitit's local executor first, then Slurm's.
+JOB_ID_VARS = ("SUBMITIT_LOCAL_JOB_ID", "SLURM_JOB_ID")
+
+
+def fence(run_dir: RunDir, environ: Mapping[str, str]) -> None:
+    """Raise :class:`NotOwnerError` unless this process's job owns ``run_dir`` (or it was never claimed)."""
+    job_id = next((environ[v] for v in JOB_ID_VARS if environ.get(v)), None)
+    with _locked(run_dir, exclusive=False):
+        owner = read_owner(run_dir)
+    if owner is None or job_id is None or owner.job_id == job_id:
+        return
+    raise NotOwnerError(
+        f"{run_dir.path} belongs to job {owner.job_id}, not to this job {job_id}: "
+        "exiting before writing anything (submit it under its own run.name)"
+    )
