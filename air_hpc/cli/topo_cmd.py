@@ -27,56 +27,122 @@ def _read(path: str, what: str) -> str:
 
 
 @topo.command("import")
-@click.option("--ibnetdiscover", "capture", required=True, metavar="FILE", help="ibnetdiscover output (default or -p).")
+@click.option(
+    "--ibnetdiscover",
+    "capture",
+    metavar="FILE",
+    help="ibnetdiscover output (default or -p); optional for --format block with --nvlink-csv.",
+)
 @click.option("--nodes", metavar="HOSTLIST", help="Compute nodes to keep, e.g. dgx-[001-128]; others are reported.")
 @click.option("--node-pattern", metavar="REGEX", help="Keep only hosts whose name fully matches REGEX.")
-@click.option("--format", "fmt", type=click.Choice(["tree", "block"]), default="tree", show_default=True)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["tree", "block", "yaml"]),
+    default="tree",
+    show_default=True,
+    help="topology.conf as a switch tree or as blocks, or a topology.yaml (Slurm 25.05) with both.",
+)
 @click.option(
     "--nvlink-csv",
     metavar="FILE",
-    help="For --format block: 'hostname, fabric.clusterUuid, fabric.cliqueId' rows; one block per NVLink domain "
-    "(default: one block per leaf).",
+    help="'hostname, fabric.clusterUuid, fabric.cliqueId' rows: one block per NVLink domain "
+    "(without it blocks fall back to IB leaf switches).",
 )
+@click.option("--block-sizes", metavar="N,2N,...", help="BlockSizes to write (default: the domain size doubled).")
 @click.option("-o", "--output", metavar="FILE", help="Write here instead of stdout.")
 def import_(
-    capture: str, nodes: str | None, node_pattern: str | None, fmt: str, nvlink_csv: str | None, output: str | None
+    capture: str | None,
+    nodes: str | None,
+    node_pattern: str | None,
+    fmt: str,
+    nvlink_csv: str | None,
+    block_sizes: str | None,
+    output: str | None,
 ) -> None:
-    """Turn an ibnetdiscover capture into a topology.conf Slurm accepts; report what was left out on stderr."""
-    from air_hpc.topology import hostlists, treeconf
+    """Turn an ibnetdiscover capture and/or NVLink domains into a topology file Slurm accepts; skips on stderr."""
+    from air_hpc.errors import InputError
+    from air_hpc.topology import hostlists, topoyaml, treeconf
     from air_hpc.topology.ibnetdiscover import import_ibnetdiscover
 
+    if capture is None and nvlink_csv is None:
+        raise InputError("topo import: give --ibnetdiscover FILE, --nvlink-csv FILE (block or yaml), or both")
+    sizes = _block_sizes(block_sizes) if block_sizes is not None else None
     wanted = hostlists.expand(nodes, "--nodes") if nodes is not None else None
-    result = import_ibnetdiscover(_read(capture, "--ibnetdiscover"), capture, wanted, node_pattern)
-    fabric = result.fabric
-    for line in result.skipped:
-        click.echo(f"skipped: {line}", err=True)
-    for line in result.notes:
-        log.info("%s", line)
-    header = f"topology.conf written by air-hpc from {Path(capture).name}"
-    if fmt == "tree":
-        text = treeconf.render(fabric, header=header)
+    fabric = None
+    if capture is not None:
+        result = import_ibnetdiscover(_read(capture, "--ibnetdiscover"), capture, wanted, node_pattern)
+        fabric = result.fabric
+        for line in result.skipped:
+            click.echo(f"skipped: {line}", err=True)
+        for line in result.notes:
+            log.info("%s", line)
+    blocks = None
+    if fmt != "tree" and (nvlink_csv is not None or fmt == "block"):
+        built = _blocks(fabric, nvlink_csv, wanted, sizes)
+        for line in built.skipped:
+            click.echo(f"skipped: {line}", err=True)
+        blocks = built.topology
+    sources = " and ".join(Path(p).name for p in (capture, nvlink_csv) if p is not None)
+    header = f"written by air-hpc from {sources}"
+    if fmt == "yaml":
+        text = f"# topology.yaml {header}\n" + topoyaml.render(fabric, blocks)
+    elif blocks is not None:
+        text = f"# topology.conf {header}\n" + treeconf.render_block(blocks)
+    elif fabric is None:
+        raise InputError("topo import --format tree needs --ibnetdiscover FILE (a tree comes from the IB fabric)")
     else:
-        if nvlink_csv is not None:
-            domains = treeconf.read_nvlink_csv(_read(nvlink_csv, "--nvlink-csv"), nvlink_csv)
-            outside = sorted(set(domains) - set(fabric.nodes))
-            if outside:
-                click.echo(f"skipped: {hostlists.compress(outside)}: in {nvlink_csv} but not compute nodes", err=True)
-            no_domain = sorted(set(fabric.nodes) - set(domains))
-            if no_domain:
-                click.echo(f"skipped: {hostlists.compress(no_domain)}: in no NVLink domain", err=True)
-            blocks = treeconf.blocks_from_domains({n: d for n, d in domains.items() if n in fabric.leaf_of}, nvlink_csv)
-        else:
-            blocks = treeconf.blocks_from_leaves(fabric)
-        text = f"# {header}\n" + treeconf.render_block(blocks)
+        text = treeconf.render(fabric, header=f"topology.conf {header}")
     if output:
         Path(output).write_text(text)
     else:
         click.echo(text, nl=False)
-    click.echo(
-        f"imported {len(fabric.nodes)} compute nodes, {len(fabric.leaves)} leaf switch(es), "
-        f"{fabric.height} level(s); {len(result.skipped)} skip report(s)",
-        err=True,
-    )
+    parts = []
+    if fabric is not None:
+        parts.append(
+            f"imported {len(fabric.nodes)} compute nodes, {len(fabric.leaves)} leaf switch(es), "
+            f"{fabric.height} level(s)"
+        )
+    if blocks is not None:
+        parts.append(f"{len(blocks.blocks)} block(s), BlockSizes={','.join(map(str, blocks.block_sizes))}")
+    click.echo("; ".join(parts), err=True)
+
+
+def _block_sizes(text: str) -> tuple[int, ...]:
+    from air_hpc.errors import InputError
+    from air_hpc.topology.treeconf import check_block_sizes
+
+    try:
+        sizes = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise InputError(f"--block-sizes={text!r}: expected comma-separated node counts, e.g. 18,36,72") from None
+    check_block_sizes(sizes, "--block-sizes")
+    return sizes
+
+
+def _blocks(fabric: Any, nvlink_csv: str | None, wanted: list[str] | None, sizes: tuple[int, ...] | None) -> Any:
+    """Blocks from NVLink domains (ordered by the fabric when there is one), else from IB leaves with a warning."""
+    from air_hpc.topology import block_build, hostlists
+
+    if nvlink_csv is None:
+        click.echo(
+            "warning: no --nvlink-csv: one block per IB leaf switch; NVLink domains are unknown, so blocks may "
+            "not match them",
+            err=True,
+        )
+        return block_build.blocks_from_leaves(fabric, sizes)
+    domains = block_build.read_nvlink_csv(_read(nvlink_csv, "--nvlink-csv"), nvlink_csv)
+    keep = set(fabric.nodes) if fabric is not None else set(wanted) if wanted is not None else set(domains)
+    outside = sorted(set(domains) - keep)
+    if outside:
+        what = "not compute nodes" if fabric is not None else "not in --nodes"
+        click.echo(f"skipped: {hostlists.compress(outside)}: in {nvlink_csv} but {what}", err=True)
+    no_domain = sorted(keep - set(domains))
+    if no_domain:
+        click.echo(f"skipped: {hostlists.compress(no_domain)}: in no NVLink domain", err=True)
+    if fabric is None:
+        click.echo("note: no --ibnetdiscover: blocks ordered by hostname, not by IB leaf", err=True)
+    return block_build.blocks_from_domains({n: d for n, d in domains.items() if n in keep}, nvlink_csv, sizes, fabric)
 
 
 def _unavailable(unavailable: str | None, unavailable_file: str | None) -> set[str]:
@@ -128,9 +194,9 @@ def show(topology_file: str, unavailable: str | None, unavailable_file: str | No
     from rich.console import Console
     from rich.tree import Tree
 
-    from air_hpc.topology import hostlists, treeconf
+    from air_hpc.topology import files, hostlists
 
-    fabric = treeconf.read_any(_read(topology_file, "topology"), topology_file)
+    fabric = files.read_any(_read(topology_file, "topology"), topology_file)
     free = _available(fabric.nodes, _unavailable(unavailable, unavailable_file), from_slurm)
 
     def label(name: str) -> str:
@@ -178,10 +244,10 @@ def select_(
 ) -> None:
     """Pick COUNT free nodes: fewest switches on a tree, Slurm's block rules on a block topology."""
     from air_hpc.errors import TopologyError
-    from air_hpc.topology import treeconf
+    from air_hpc.topology import files
     from air_hpc.topology.fabric import Fabric
 
-    topology = treeconf.read_topology(_read(topology_file, "--topology"), topology_file)
+    topology = files.read_topology(_read(topology_file, "--topology"), topology_file)
     if isinstance(topology, Fabric):
         if segment is not None:
             raise TopologyError(

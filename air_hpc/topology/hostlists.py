@@ -14,16 +14,32 @@ import hostlist
 from air_hpc.errors import InputError
 
 _TRAILING_NUMBER = re.compile(r"^(.*?)(\d+)$")
+#: what a hostlist expression may contain: printable ASCII without blanks (Slurm node names are plain ASCII)
+_EXPRESSION = re.compile(r"[!-~]+")
+_RANGE = re.compile(r"(\d+)-(\d+)")
+#: the widest single range we expand; more is a typo, and expanding it would exhaust memory first
+MAX_RANGE = 1_000_000
 
 
 def expand(expr: str, where: str) -> list[str]:
     """Expand ``n[1-3,7]``-style expressions, keeping order; duplicates and bad ranges are errors."""
     if not expr.strip():
         raise InputError(f"{where}: empty hostlist; expected names like n[1-4],gpu7")
+    if not _EXPRESSION.fullmatch(expr):
+        raise InputError(
+            f"{where}: bad hostlist {expr!r} (blank, control or non-ASCII character); expected names like n[1-4],gpu7"
+        )
+    for first, last in _RANGE.findall(expr):
+        if len(first) > 9 or len(last) > 9 or int(last) - int(first) > MAX_RANGE:
+            raise InputError(f"{where}: hostlist {expr!r} has a range wider than {MAX_RANGE} names")
     try:
         names: list[str] = hostlist.expand_hostlist(expr, allow_duplicates=True)
     except hostlist.BadHostlist as exc:
         raise InputError(f"{where}: bad hostlist {expr!r} ({exc}); expected names like n[1-4],gpu7") from None
+    except RecursionError:
+        raise InputError(f"{where}: bad hostlist {expr!r} (brackets nested or unbalanced)") from None
+    if not names:
+        raise InputError(f"{where}: hostlist {expr!r} names no host; expected names like n[1-4],gpu7")
     seen: set[str] = set()
     for name in names:
         if not name:

@@ -6,13 +6,11 @@ half-read topology makes Slurm (and our selection) place jobs badly without
 anyone noticing. Writers emit hostlists compressed and sorted.
 """
 
-import csv
-import io
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from air_hpc.errors import InputError, TopologyError
+from air_hpc.errors import TopologyError
 from air_hpc.topology import hostlists
 from air_hpc.topology.fabric import Fabric, SwitchSpec, build_fabric
 
@@ -92,19 +90,6 @@ def is_block_text(text: str) -> bool:
     return re.search(r"^\s*BlockName=", text, re.IGNORECASE | re.MULTILINE) is not None
 
 
-def read_topology(text: str, source_name: str) -> "Fabric | BlockTopology":
-    """A switch tree or a block topology, whichever the file holds."""
-    if is_block_text(text):
-        return parse_block(text, source_name)
-    return parse(text, source_name)
-
-
-def read_any(text: str, source_name: str) -> Fabric:
-    """A tree or a block topology.conf, as a fabric (blocks as leaves) for display."""
-    topology = read_topology(text, source_name)
-    return topology.to_fabric() if isinstance(topology, BlockTopology) else topology
-
-
 def render(fabric: Fabric, header: str = "") -> str:
     """topology.conf text: leaves first, then each level up; each switch's comment above its line."""
     lines = [f"# {h}" if h else "#" for h in header.splitlines()]
@@ -152,8 +137,6 @@ def parse_block(text: str, source_name: str) -> BlockTopology:
     blocks: list[Block] = []
     sizes: tuple[int, ...] = ()
     sizes_line: int | None = None
-    owner: dict[str, str] = {}
-    names: set[str] = set()
     for line, content, comment in _logical_lines(text):
         where = f"{source_name}:{line}"
         if not content:
@@ -169,18 +152,28 @@ def parse_block(text: str, source_name: str) -> BlockTopology:
             continue
         if "blockname" not in pairs or "nodes" not in pairs:
             raise TopologyError(f"{where}: expected 'BlockName=NAME Nodes=HOSTLIST'")
-        name = pairs["blockname"]
-        if name in names:
-            raise TopologyError(f"{where}: block {name!r} defined twice")
-        names.add(name)
         nodes = tuple(hostlists.expand(pairs["nodes"], where))
-        for node in nodes:
-            if node in owner:
-                raise TopologyError(f"{where}: node {node!r} is in both block {owner[node]!r} and {name!r}")
-            owner[node] = name
-        blocks.append(Block(name=name, nodes=nodes, comment=comment, line=line))
+        blocks.append(Block(name=pairs["blockname"], nodes=nodes, comment=comment, line=line))
+    return block_topology(blocks, sizes, source_name, sizes_line)
+
+
+def block_topology(
+    blocks: Sequence[Block], sizes: tuple[int, ...], source_name: str, sizes_line: int | None = None
+) -> BlockTopology:
+    """Check what every block source must satisfy: unique names, each node in one block, the base size."""
     if not blocks:
         raise TopologyError(f"{source_name}: no blocks defined; expected lines like 'BlockName=b1 Nodes=n[1-18]'")
+    owner: dict[str, str] = {}
+    names: set[str] = set()
+    for block in blocks:
+        where = f"{source_name}:{block.line}" if block.line is not None else source_name
+        if block.name in names:
+            raise TopologyError(f"{where}: block {block.name!r} defined twice")
+        names.add(block.name)
+        for node in block.nodes:
+            if node in owner:
+                raise TopologyError(f"{where}: node {node!r} is in both block {owner[node]!r} and {block.name!r}")
+            owner[node] = block.name
     topology = BlockTopology(blocks=tuple(blocks), block_sizes=sizes, source=source_name, sizes_line=sizes_line)
     check_base_size(topology)
     return topology
@@ -192,6 +185,8 @@ MAX_BLOCK_LEVEL = 15
 
 def _block_sizes(value: str, where: str) -> tuple[int, ...]:
     try:
+        if not re.fullmatch(r"[0-9]{1,9}(,[0-9]{1,9})*", value):
+            raise ValueError(value)
         sizes = tuple(int(v) for v in value.split(","))
     except ValueError:
         raise TopologyError(f"{where}: BlockSizes={value!r} must be a comma-separated list of node counts") from None
@@ -237,84 +232,3 @@ def render_block(topology: BlockTopology) -> str:
     if topology.block_sizes:
         lines.append("BlockSizes=" + ",".join(str(s) for s in topology.block_sizes))
     return "\n".join(lines) + "\n"
-
-
-#: nvidia-smi prints these for GPUs outside any NVLink fabric (no NVSwitch domain)
-_NO_DOMAIN = {"", "n/a", "[n/a]", "00000000-0000-0000-0000-000000000000", "not supported", "[not supported]"}
-
-
-def read_nvlink_csv(text: str, source_name: str) -> dict[str, tuple[str, str]]:
-    """Node -> (clusterUuid, cliqueId) from ``hostname, fabric.clusterUuid, fabric.cliqueId`` rows.
-
-    One row per GPU or per node; a header row is allowed. Nodes whose GPUs are in
-    no NVLink domain are left out. GPUs of one node that disagree are an error:
-    the domain map would be ambiguous.
-    """
-    domains: dict[str, tuple[str, str]] = {}
-    first_line: dict[str, int] = {}
-    rows = csv.reader(io.StringIO(text))
-    any_row = False
-    for number, row in enumerate(rows, start=1):
-        cells = [c.strip() for c in row]
-        if not cells or not any(cells) or cells[0].startswith("#"):
-            continue
-        where = f"{source_name}:{number}"
-        if len(cells) != 3:
-            raise InputError(f"{where}: expected 3 columns 'hostname, fabric.clusterUuid, fabric.cliqueId', got {row}")
-        if number == 1 and "clusteruuid" in cells[1].lower().replace(".", "").replace("_", ""):
-            continue
-        any_row = True
-        node, uuid, clique = cells
-        if uuid.lower() in _NO_DOMAIN or clique.lower() in _NO_DOMAIN:
-            continue
-        domain = (uuid.lower(), clique)
-        if node in domains and domains[node] != domain:
-            raise InputError(
-                f"{where}: node {node!r} has GPUs in two NVLink domains ({domains[node]} at line "
-                f"{first_line[node]} and {domain})"
-            )
-        domains.setdefault(node, domain)
-        first_line.setdefault(node, number)
-    if not any_row:
-        raise InputError(f"{source_name}: no rows; expected 'hostname, fabric.clusterUuid, fabric.cliqueId' per GPU")
-    return domains
-
-
-def blocks_from_domains(
-    domain_of: Mapping[str, tuple[str, str]], source: str = "", block_sizes: Sequence[int] | None = None
-) -> BlockTopology:
-    """One block per NVLink domain, named ``block1..`` in hostlist order of their first node.
-
-    Without explicit sizes, BlockSizes is the smallest block doubled while it fits
-    the number of blocks (what NVIDIA's topograph infers), so Slurm can pack jobs
-    into 1, 2, 4, ... whole domains.
-    """
-    members: dict[tuple[str, str], list[str]] = {}
-    for node in hostlists.natural_sorted(domain_of):
-        members.setdefault(domain_of[node], []).append(node)
-    blocks = tuple(
-        Block(name=f"block{i}", nodes=tuple(nodes), comment=f"NVLink domain clusterUuid={uuid} cliqueId={clique}")
-        for i, ((uuid, clique), nodes) in enumerate(members.items(), start=1)
-    )
-    if not blocks:
-        raise InputError(f"{source or 'NVLink map'}: no node is in an NVLink domain; nothing to write")
-    sizes = tuple(block_sizes) if block_sizes is not None else default_block_sizes(blocks)
-    return BlockTopology(blocks=blocks, block_sizes=sizes, source=source)
-
-
-def blocks_from_leaves(fabric: Fabric) -> BlockTopology:
-    """One block per leaf switch: topology/block for fabrics where a leaf (or scalable unit) is the unit to pack."""
-    blocks = tuple(
-        Block(name=f"block{i}", nodes=fabric.switches[leaf].nodes, comment=f"leaf switch {leaf}")
-        for i, leaf in enumerate(fabric.leaves, start=1)
-    )
-    return BlockTopology(blocks=blocks, block_sizes=default_block_sizes(blocks), source=fabric.source)
-
-
-def default_block_sizes(blocks: Sequence[Block]) -> tuple[int, ...]:
-    """The smallest block doubled while that many nodes of blocks exist (as NVIDIA's topograph infers)."""
-    base = min(len(b.nodes) for b in blocks)
-    sizes = [base]
-    while sizes[-1] * 2 <= base * len(blocks):
-        sizes.append(sizes[-1] * 2)
-    return tuple(sizes)

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from air_hpc.cli.main import main
-from air_hpc.topology import treeconf
+from air_hpc.topology import topoyaml, treeconf
+from air_hpc.topology.fabric import Fabric
 from air_hpc.topology.synthetic import fat_tree
 
 DATA = Path(__file__).parent.parent / "data" / "topology"
@@ -190,3 +191,84 @@ def test_block_errors_are_one_line_exit_2(
     assert code == 2
     assert message in err
     assert err.startswith("error: ") and err.count("\n") == 1
+
+
+def nvl_csv(tmp_path: Path, trays: int = 18, domains: int = 4, missing: tuple[int, ...] = ()) -> Path:
+    path = tmp_path / "nvlink.csv"
+    rows = [
+        f"gb{d * trays + t + 1:03d}, uuid-a, {d}\n"
+        for d in range(domains)
+        for t in range(trays)
+        if d * trays + t + 1 not in missing
+    ]
+    path.write_text("hostname, fabric.clusterUuid, fabric.cliqueId\n" + "".join(rows))
+    return path
+
+
+def test_block_file_from_the_nvlink_csv_alone(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    csv = nvl_csv(tmp_path, missing=(20,))
+    code, out, err = run(capsys, "topo", "import", "--format", "block", "--nvlink-csv", str(csv))
+    assert code == 0
+    blocks = treeconf.parse_block(out, "out.conf")
+    assert blocks.block_sizes == (18, 36)  # not 17: the short domain is left out
+    assert "gb[019,021-036]" in err and "17 node(s)" in err
+    assert "no --ibnetdiscover: blocks ordered by hostname" in err
+
+
+def test_block_sizes_option(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    csv = nvl_csv(tmp_path)
+    code, out, _ = run(
+        capsys, "topo", "import", "--format", "block", "--nvlink-csv", str(csv), "--block-sizes", "18,72"
+    )
+    assert code == 0 and "BlockSizes=18,72" in out
+    code, _, err = run(
+        capsys, "topo", "import", "--format", "block", "--nvlink-csv", str(csv), "--block-sizes", "18,54"
+    )
+    assert code == 2 and "--block-sizes: BlockSizes=18,54: 54 is not the base block size 18" in err
+    code, _, err = run(capsys, "topo", "import", "--format", "block", "--nvlink-csv", str(csv), "--block-sizes", "x")
+    assert code == 2 and "expected comma-separated node counts" in err
+
+
+def test_blocks_from_ib_leaves_warn(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(
+        capsys, "topo", "import", "--ibnetdiscover", str(DATA / "hpc-3level.ibnetdiscover"), "--format", "block"
+    )
+    assert code == 0 and "BlockName=block1" in out
+    assert "warning: no --nvlink-csv: one block per IB leaf switch" in err
+
+
+def test_yaml_output_round_trips_and_selects(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    capture = DATA / "hpc-3level.ibnetdiscover"
+    code, tree_text, _ = run(capsys, "topo", "import", "--ibnetdiscover", str(capture))
+    assert code == 0
+    nodes = treeconf.parse(tree_text, "t").nodes
+    csv = tmp_path / "nvlink.csv"
+    csv.write_text("".join(f"{n}, uuid, {i // 4}\n" for i, n in enumerate(nodes)))
+    target = tmp_path / "topology.yaml"
+    code, _, err = run(
+        capsys,
+        "topo",
+        "import",
+        "--ibnetdiscover",
+        str(capture),
+        "--nvlink-csv",
+        str(csv),
+        "--format",
+        "yaml",
+        "-o",
+        str(target),
+    )
+    assert code == 0, err
+    named = topoyaml.parse(target.read_text(), "topology.yaml")
+    assert [(t.name, t.cluster_default) for t in named] == [("block", True), ("tree", False)]
+    tree = named[1].topology
+    assert isinstance(tree, Fabric) and tree.nodes == treeconf.parse(tree_text, "t").nodes
+    code, out, _ = run(capsys, "topo", "select", "--topology", str(target), "-N", "8", "--segment", "4", "--json")
+    assert code == 0 and json.loads(out)["plugin"] == "topology/block"
+
+
+def test_import_needs_a_source(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = run(capsys, "topo", "import")
+    assert code == 2 and "give --ibnetdiscover FILE" in err
+    code, _, err = run(capsys, "topo", "import", "--nvlink-csv", str(nvl_csv(tmp_path)))
+    assert code == 2 and "--format tree needs --ibnetdiscover" in err

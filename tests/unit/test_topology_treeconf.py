@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from air_hpc.errors import InputError, TopologyError, UserError
-from air_hpc.topology import hostlists, treeconf
+from air_hpc.topology import files, hostlists, treeconf
 from air_hpc.topology.synthetic import fat_tree
 
 TESTBED_CONF = """\
@@ -86,8 +86,8 @@ def test_block_round_trip() -> None:
     fabric = blocks.to_fabric()
     assert fabric.leaves == ("block1", "block2")
     assert fabric.leaf_of["gb020"] == "block2"
-    assert treeconf.read_any(text, "block.conf").leaves == ("block1", "block2")
-    assert treeconf.read_any(TESTBED_CONF, "tree.conf").leaves == ("leaf1", "leaf2", "leaf3")
+    assert files.read_any(text, "block.conf").leaves == ("block1", "block2")
+    assert files.read_any(TESTBED_CONF, "tree.conf").leaves == ("leaf1", "leaf2", "leaf3")
 
 
 @pytest.mark.parametrize(
@@ -117,47 +117,6 @@ def test_bad_block_conf(text: str, message: str) -> None:
         treeconf.parse_block(text, "b.conf")
 
 
-NVLINK_CSV = """\
-hostname, fabric.clusterUuid, fabric.cliqueId
-gb02, 1b2c3d4e-0000-4000-8000-00000000aaaa, 32766
-gb01, 1B2C3D4E-0000-4000-8000-00000000AAAA, 32766
-gb01, 1b2c3d4e-0000-4000-8000-00000000aaaa, 32766
-gb03, 1b2c3d4e-0000-4000-8000-00000000aaaa, 32767
-gb04, 00000000-0000-0000-0000-000000000000, 0
-gb05, N/A, N/A
-"""
-
-
-def test_nvlink_csv_to_blocks() -> None:
-    domains = treeconf.read_nvlink_csv(NVLINK_CSV, "fabric.csv")
-    assert set(domains) == {"gb01", "gb02", "gb03"}
-    blocks = treeconf.blocks_from_domains(domains, "fabric.csv")
-    assert [b.nodes for b in blocks.blocks] == [("gb01", "gb02"), ("gb03",)]
-    assert blocks.block_sizes == (1, 2)
-    assert "cliqueId=32766" in blocks.blocks[0].comment
-    text = treeconf.render_block(blocks)
-    lines = [line for line in text.splitlines() if not line.startswith("#")]
-    assert lines == ["BlockName=block1 Nodes=gb[01-02]", "BlockName=block2 Nodes=gb03", "BlockSizes=1,2"]
-
-
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("", "no rows"),
-        ("gb01, uuid\n", "n.csv:1: expected 3 columns"),
-        ("gb01,u1,1\ngb01,u2,1\n", "n.csv:2: node 'gb01' has GPUs in two NVLink domains"),
-    ],
-)
-def test_bad_nvlink_csv(text: str, message: str) -> None:
-    with pytest.raises(InputError, match=message):
-        treeconf.read_nvlink_csv(text, "n.csv")
-
-
-def test_no_domain_at_all_is_an_error() -> None:
-    with pytest.raises(InputError, match="no node is in an NVLink domain"):
-        treeconf.blocks_from_domains({}, "n.csv")
-
-
 @pytest.mark.parametrize(
     ("names", "expected"),
     [
@@ -172,12 +131,6 @@ def test_no_domain_at_all_is_an_error() -> None:
 )
 def test_compress_like_scontrol(names: list[str], expected: str) -> None:
     assert hostlists.compress(names) == expected
-
-
-def test_blocks_from_leaves() -> None:
-    blocks = treeconf.blocks_from_leaves(fat_tree([4, 4, 4, 3]))
-    assert [b.name for b in blocks.blocks] == ["block1", "block2", "block3", "block4"]
-    assert blocks.block_sizes == (3, 6, 12)
 
 
 # -------------------------------------------------------------- properties
