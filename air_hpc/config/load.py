@@ -166,12 +166,14 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def load_job(path: str | Path, overrides: Iterable[str] = (), base_dir: Path | None = None) -> JobConfig:
+def load_job(path: str | Path, overrides: Iterable[str] = ()) -> JobConfig:
     """Read, compose, override and validate a job file.
 
     Relative paths (``run.root``, ``data.path``, ``cluster.topology_file``) are
-    made absolute against ``base_dir`` (default: the current directory) so that
-    a batch script running elsewhere sees the same files.
+    made absolute against the file that set them (the job file or a profile),
+    and a ``--set`` value against the current directory, so the same job file
+    means the same files from any directory, and a batch script running
+    elsewhere sees them too.
     """
     job_path = Path(path)
     source = Source()
@@ -189,14 +191,17 @@ def load_job(path: str | Path, overrides: Iterable[str] = (), base_dir: Path | N
             continue
         _set_dotted(raw, key, value)
         source.overridden.add(key)
-    _absolutize(raw, base_dir or Path.cwd())
+    _absolutize(raw, source)
     return validate(raw, source, job_path)
 
 
-def _absolutize(raw: dict[str, Any], base: Path) -> None:
+def _absolutize(raw: dict[str, Any], source: Source) -> None:
     for section, key in (("run", "root"), ("data", "path"), ("cluster", "topology_file")):
         node = raw.get(section)
         if isinstance(node, dict) and isinstance(node.get(key), str):
+            dotted = f"{section}.{key}"
+            written = source.lines.get(dotted)
+            base = Path.cwd() if dotted in source.overridden or written is None else written[0].parent
             node[key] = str((base / Path(node[key]).expanduser()).resolve())
 
 

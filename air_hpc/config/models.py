@@ -97,6 +97,10 @@ class ResourcesConfig(Section):
     cpus_per_task: int = Field(1, ge=1, description="CPU cores per rank (--cpus-per-task).")
     mem_gb: int | None = Field(None, ge=1, description="Memory per node in GiB (--mem); unset: Slurm's default.")
     time_limit_min: int = Field(60, ge=1, description="Wall-clock limit in minutes (--time).")
+    allow_idle_gpus: bool = Field(
+        False,
+        description="Allow tasks_per_node below the hardware's gpus_per_node on GPU hardware (the rest sit idle).",
+    )
 
     @property
     def world_size(self) -> int:
@@ -317,6 +321,15 @@ def _cross_field_problems(job: JobConfig) -> list[tuple[str, str]]:
                 (
                     "resources.tasks_per_node",
                     f"{r.tasks_per_node} ranks per node but hardware {hw.name} has {hw.gpus_per_node} GPUs",
+                )
+            )
+        elif r.tasks_per_node < hw.gpus_per_node and not r.allow_idle_gpus:
+            problems.append(
+                (
+                    "resources.tasks_per_node",
+                    f"{r.tasks_per_node} ranks per node would leave {hw.gpus_per_node - r.tasks_per_node} of "
+                    f"hardware {hw.name}'s {hw.gpus_per_node} GPUs idle; set it to {hw.gpus_per_node}, or "
+                    "resources.allow_idle_gpus: true if that is what you want",
                 )
             )
         domain_ranks = r.tasks_per_node * hw.nvlink_domain_nodes

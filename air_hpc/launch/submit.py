@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from air_hpc.config.models import JobConfig
-from air_hpc.errors import AirHpcError, CheckpointError, ConfigError, SlurmUnreachableError, TopologyError
+from air_hpc.errors import AirHpcError, CheckpointError, ConfigError, SlurmError, SlurmUnreachableError, TopologyError
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.badnodes import read_bad_nodes
 from air_hpc.launch.owner import Owner, claim
@@ -178,7 +178,48 @@ def plan(
                 checked = client.sbatch_test_only(path)
             except SlurmUnreachableError as exc:
                 notes.append(f"sbatch --test-only skipped: {exc}")
+            except SlurmError as exc:
+                waiting = waiting_for_nodes(job, request, client) if "not available" in str(exc) else None
+                if waiting is None:
+                    raise
+                notes.append(
+                    f"sbatch --test-only: cannot start now; submitting anyway, the job waits in the queue "
+                    f"(ReqNodeNotAvail) until {waiting} (see `sinfo -R`)"
+                )
     return Plan(job, request, spec, script, checked, tuple(notes))
+
+
+def waiting_for_nodes(job: JobConfig, request: NodeRequest, client: SlurmClient) -> str | None:
+    """Why a refused ``--test-only`` is only a wait: nodes it needs are drained or down, not missing.
+
+    slurmctld answers the same "Requested node configuration is not available"
+    for a drained node as for an impossible request, while ``sbatch`` queues the
+    former (ReqNodeNotAvail). None when the node states do not explain the refusal.
+    """
+    import hostlist
+
+    from air_hpc.slurm.nodes import fetch_node_states
+
+    try:
+        states = fetch_node_states(client)
+    except SlurmError:
+        return None
+    if request.nodelist:
+        pinned = hostlist.expand_hostlist(request.nodelist)
+        held = {node: states.unavailable[node] for node in pinned if node in states.unavailable}
+        if not held or not set(pinned) <= states.all_nodes:
+            return None
+        return f"pinned node(s) {_describe(held)} return to service"
+    wanted = job.resources.nodes
+    if wanted > len(states.all_nodes) or wanted <= len(states.available):
+        return None
+    missing = wanted - len(states.available)
+    return f"{missing} more node(s) return to service (unavailable now: {_describe(dict(states.unavailable))})"
+
+
+def _describe(held: dict[str, str]) -> str:
+    shown = ", ".join(f"{node} ({state.lower()})" for node, state in sorted(held.items())[:8])
+    return shown + (f" and {len(held) - 8} more" if len(held) > 8 else "")
 
 
 def check_data(job: JobConfig) -> None:

@@ -19,6 +19,8 @@ from air_hpc.slurm.jobs import JobState
 
 UNREACHABLE = "{cmd}: error: Unable to contact slurm controller (connect failure)"
 INVALID_JOB = "slurm_load_jobs error: Invalid job id specified"
+#: What slurmctld 22.05 answers ``sbatch --test-only`` when the nodes it needs are drained or down (or missing).
+NODES_UNAVAILABLE = "allocation failure: Requested node configuration is not available"
 
 
 @dataclass
@@ -131,6 +133,8 @@ class FakeSlurm(SlurmClient):
         opts = _directives(script)
         nodes = int(opts.get("nodes", "1"))
         if "--test-only" in args:
+            if not self._could_start_now(nodes, opts.get("nodelist")):
+                return self._done(args, 1, err=NODES_UNAVAILABLE)
             return self._done(
                 args,
                 err=f"sbatch: Job {self.next_id} to start at 2026-12-02T14:00:00 using {nodes * 2} processors "
@@ -140,6 +144,18 @@ class FakeSlurm(SlurmClient):
         self.next_id += 1
         self.jobs[job_id] = FakeJob(job_id, opts.get("job-name", "sbatch"), nodes, script)
         return self._done(args, out=f"{job_id}\n")
+
+    def _could_start_now(self, nodes: int, nodelist: str | None) -> bool:
+        """Like slurmctld's test-only: every pinned node, and enough nodes, available now (no nodes known: yes)."""
+        if not self.nodes:
+            return True
+        import hostlist
+
+        from air_hpc.slurm.nodes import scontrol_state_available
+
+        available = {name for name, state in self.nodes.items() if scontrol_state_available(state)}
+        pinned = set(hostlist.expand_hostlist(nodelist)) if nodelist else set()
+        return pinned <= available and nodes <= len(available)
 
     def _squeue(self, args: list[str]) -> subprocess.CompletedProcess[str]:
         wanted = (self._option(args, "jobs") or "").split(",")

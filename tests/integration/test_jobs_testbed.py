@@ -227,3 +227,21 @@ def test_one_live_job_per_run_directory(testbed: Any, tmp_path: Path, payload: P
     assert wait_state(testbed, second.job_id) is JobState.COMPLETED
     owner = read_owner(run)
     assert owner is not None and owner.job_id == second.job_id
+
+
+def test_a_submit_while_the_nodes_are_drained_queues_with_a_note(testbed: Any, tmp_path: Path, payload: Path) -> None:
+    """slurmctld refuses --test-only for drained nodes but queues the job: submit queues it and says why."""
+    drained = [f"n{i}" for i in range(2, 9)]
+    testbed.client.run(["scontrol", "update", f"nodename={','.join(drained)}", "state=drain", "reason=air-hpc-test"])
+    try:
+        done = submit_payload(testbed, tmp_path, payload, "quick", "drained", "placement.topology_aware=false")
+        assert done.plan.test_only is None
+        assert (
+            "the job waits in the queue (ReqNodeNotAvail) until 1 more node(s) return to service" in done.plan.notes[-1]
+        )
+        assert "n2 (idle+drain)" in done.plan.notes[-1]
+        status = testbed.client.job_status(done.job_id)
+        assert status is not None and status.state is JobState.PENDING
+    finally:
+        testbed.client.run(["scontrol", "update", f"nodename={','.join(drained)}", "state=resume"])
+    assert wait_state(testbed, done.job_id) is JobState.COMPLETED

@@ -139,6 +139,11 @@ def test_missing_profile_suggests() -> None:
             "resources.tasks_per_node",
             "has 8 GPUs",
         ),
+        (
+            ["hardware=h100-sxm", "resources.tasks_per_node=2"],
+            "resources.tasks_per_node",
+            "2 ranks per node would leave 6 of hardware h100-sxm's 8 GPUs idle",
+        ),
     ],
 )
 def test_cross_field_errors_name_the_key(overrides: list[str], key: str, fragment: str) -> None:
@@ -148,6 +153,24 @@ def test_cross_field_errors_name_the_key(overrides: list[str], key: str, fragmen
     assert fragment in message
     assert key in message
     assert "\n" not in message
+
+
+def test_idle_gpus_only_when_asked_for() -> None:
+    job = load_job(TESTBED_JOB, ["hardware=h100-sxm", "resources.tasks_per_node=2", "resources.allow_idle_gpus=true"])
+    assert (job.resources.tasks_per_node, job.hardware.gpus_per_node) == (2, 8)
+
+
+def test_idle_gpus_from_a_job_file_exit_2_naming_the_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from air_hpc.cli.main import main
+
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(Path(TESTBED_JOB).read_text().replace("hardware: cpu-testbed", "hardware: h100-sxm"))
+    with pytest.raises(SystemExit) as info:
+        main(["config", "show", str(job_file)])
+    err = capsys.readouterr().err
+    line = next(n for n, text in enumerate(job_file.read_text().splitlines(), 1) if "tasks_per_node" in text)
+    assert info.value.code == 2 and err.count("\n") == 1
+    assert f"{job_file}:{line}: resources.tasks_per_node: 2 ranks per node would leave 6" in err
 
 
 def test_gpu_profile_accepts_full_node_tp() -> None:
@@ -184,3 +207,28 @@ def test_bad_yaml_files(tmp_path: Path, content: str, fragment: str) -> None:
 def test_missing_file() -> None:
     with pytest.raises(ConfigError, match="no such file"):
         load_job("does/not/exist.yaml")
+
+
+def test_relative_paths_resolve_against_the_file_that_sets_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    jobs = tmp_path / "project" / "configs" / "jobs"
+    jobs.mkdir(parents=True)
+    text = TESTBED_JOB.read_text().replace("root: ../../runs", "root: out").replace("../../runs/data", "data")
+    (jobs / "job.yaml").write_text(text)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    job = load_job(jobs / "job.yaml")
+    assert job.run.root == jobs / "out"
+    assert job.data.path == jobs / "data" / "corpus.h5"
+    # A --set value is typed at the shell: it is relative to the current directory.
+    job = load_job(jobs / "job.yaml", ["data.path=c.h5", "cluster.topology_file=topo.conf"])
+    assert (job.data.path, job.cluster.topology_file) == (elsewhere / "c.h5", elsewhere / "topo.conf")
+    assert job.run.root == jobs / "out"
+
+
+def test_the_example_jobs_find_the_repository_runs_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    job = load_job(TESTBED_JOB)
+    assert (job.run.root, job.data.path) == (REPO / "runs", REPO / "runs" / "data" / "corpus.h5")

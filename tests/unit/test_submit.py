@@ -262,3 +262,28 @@ def test_missing_corpus_is_one_line_at_submit_time(tmp_path: Path) -> None:
         submit(job, "slurm", fake)
     assert fake.calls == []
     assert not (tmp_path / "runs").exists()
+
+
+DRAINED = {"n1": "IDLE+DRAIN", "n2": "DOWN+NOT_RESPONDING", "n3": "IDLE"}
+
+
+def test_drained_nodes_queue_the_job_with_a_note(tmp_path: Path) -> None:
+    """--test-only refuses while the nodes are drained; sbatch would queue the job, so submit does, and says why."""
+    fake = FakeSlurm(nodes=DRAINED)
+    done = submit(job_in(tmp_path, "placement.topology_aware=false"), "slurm", fake)
+    assert fake.jobs[done.job_id].state is JobState.PENDING and done.plan.test_only is None
+    assert done.plan.notes[-1] == (
+        "sbatch --test-only: cannot start now; submitting anyway, the job waits in the queue (ReqNodeNotAvail) "
+        "until 1 more node(s) return to service (unavailable now: n1 (idle+drain), n2 (down+not_responding)) "
+        "(see `sinfo -R`)"
+    )
+
+
+def test_a_request_no_node_state_explains_still_fails(tmp_path: Path) -> None:
+    from air_hpc.errors import SlurmError
+
+    fake = FakeSlurm(nodes=DRAINED)
+    job = job_in(tmp_path, "placement.topology_aware=false", "resources.nodes=4", "parallel.pp=4", "model.num_layers=4")
+    with pytest.raises(SlurmError, match="Requested node configuration is not available"):
+        submit(job, "slurm", fake)
+    assert fake.jobs == {}
