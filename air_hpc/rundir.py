@@ -15,6 +15,7 @@ status/logs/report) goes through :class:`RunDir`, so the layout lives here only:
       checkpoints/       step_0000123/ directories and the `latest` pointer
       owner.json         the one job that may write here (taken at submit, checked by every rank)
       .owner.lock        flock held while the owner is checked and replaced
+      tensorboard/       TensorBoard event files (observe.tensorboard)
 """
 
 import json
@@ -80,6 +81,10 @@ class RunDir:
     @property
     def owner_lock(self) -> Path:
         return self.path / ".owner.lock"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.path / "tensorboard"
 
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"rank-{rank}.log"

@@ -35,6 +35,7 @@ COMMANDS: dict[str, str] = {
     "runs": "air_hpc.cli.job_cmds:runs",
     "doctor": "air_hpc.cli.cluster_cmds:doctor",
     "cluster": "air_hpc.cli.cluster_cmds:cluster",
+    "metrics": "air_hpc.cli.metrics_cmd:metrics",
 }
 
 

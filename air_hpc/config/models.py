@@ -196,6 +196,14 @@ class PlacementConfig(Section):
     )
 
 
+class ObserveConfig(Section):
+    tensorboard: bool = Field(
+        False,
+        description="Write TensorBoard event files (loss, lr, tokens/s, checkpoint and restart markers) "
+        "under the run directory's tensorboard/, from the rank that writes metrics.jsonl.",
+    )
+
+
 class ContainerConfig(Section):
     image: str = Field(description="pyxis --container-image.")
     mounts: tuple[str, ...] = Field((), description="pyxis --container-mounts entries (src:dst[:flags]).")
@@ -215,6 +223,7 @@ class JobConfig(Section):
     resilience: ResilienceConfig = ResilienceConfig()
     health: HealthConfig = HealthConfig()
     placement: PlacementConfig = PlacementConfig()
+    observe: ObserveConfig = ObserveConfig()
     container: ContainerConfig | None = None
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment; wins over profiles.")
 

@@ -21,6 +21,7 @@ from air_hpc.exitcodes import ExitCode
 from air_hpc.health.heartbeat import Heartbeat
 from air_hpc.rundir import RunDir
 from air_hpc.train import metrics as metrics_mod
+from air_hpc.train import tb_log
 from air_hpc.train.data import CorpusInfo, TokenSamples, check_for_training
 from air_hpc.train.parallel import ParallelContext
 
@@ -41,7 +42,9 @@ def arm_stop(job: JobConfig) -> "StopRequest":
 
 
 def validate(job: JobConfig) -> CorpusInfo:
-    """Checks beyond the config's own cross-field rules: the data file against the model."""
+    """Checks beyond the config's own cross-field rules: the data file against the model, optional packages."""
+    if job.observe.tensorboard:
+        tb_log.check_available()
     return check_for_training(job.data.path, job.model.seq_len, job.model.vocab_size)
 
 
@@ -102,6 +105,11 @@ def train(
     writer = (
         metrics_mod.MetricsWriter(run_dir.metrics, keep_through_step=first_step - 1) if ctx.writes_metrics else None
     )
+    board = (
+        tb_log.TensorBoardLog(run_dir.tensorboard, first_step, loaded.step if loaded is not None else None)
+        if job.observe.tensorboard and ctx.writes_metrics
+        else None
+    )
     mfu_per_token = _mfu_factor(job)
     tokens_per_step = t.global_batch_size * job.model.seq_len
     own_stop = stop is None
@@ -116,6 +124,8 @@ def train(
     def save(step: int, sync: bool, reason: str, supersede: bool = False) -> None:
         if heartbeat is not None:
             heartbeat.beat("checkpoint", step)
+        if board is not None:
+            board.checkpoint(step, reason)
         extra = {"consumed_samples": consumed}
         checkpoints.save(
             step, model.chunks, model.optimizer, model.scheduler, extra, sync=sync, reason=reason, supersede=supersede
@@ -143,6 +153,8 @@ def train(
                         rng_restored=loaded.rng_restored if loaded is not None and step == first_step else None,
                     )
                 )
+            if board is not None:
+                board.step(step, result.loss, result.lr, tokens_per_s, result.grad_norm, result.step_time_s)
             if step % t.log_interval == 0:
                 shown_loss = result.loss if ctx.is_last_stage else None
                 log.info(
@@ -163,6 +175,8 @@ def train(
                 log.warning("stopping at step %d (%s): saving, then asking for a requeue", step, reason)
                 if ctx.rank == 0:
                     events.emit("stop", step=step, reason=reason, signal=stop.signal_name)
+                if board is not None:
+                    board.stop(step, reason)
                 save(step, sync=True, reason=reason, supersede=True)
                 checkpoints.close()
                 return RunSummary(first_step, step, loss, ExitCode.REQUEUE, reason)
@@ -176,6 +190,8 @@ def train(
             stop.uninstall()
         if writer is not None:
             writer.close()
+        if board is not None:
+            board.close()
         samples.close()
     log.info("trained steps %d..%d in %.1f s", first_step, t.steps, time.perf_counter() - started)
     return RunSummary(first_step, t.steps, loss, ExitCode.OK)

@@ -50,11 +50,12 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and "air-hpc" in out
 
 
-def test_help_does_not_import_torch_or_megatron() -> None:
+def test_help_does_not_import_torch_megatron_or_tensorboard() -> None:
     probe = (
         "import sys; from air_hpc.cli.main import main\n"
         "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron')]\n"
+        "heavy = ('torch', 'megatron', 'tensorboard', 'prometheus_client')\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in heavy]\n"
         "print(bad); sys.exit(1 if bad else 0)"
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO)
@@ -67,7 +68,7 @@ def test_every_registered_command_imports_without_torch() -> None:
         "import click\n"
         "ctx = click.Context(cli)\n"
         "for name in COMMANDS:\n    cli.get_command(ctx, name)\n"
-        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron')]\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron', 'tensorboard')]\n"
         "print(bad); sys.exit(1 if bad else 0)"
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO)

@@ -1,0 +1,68 @@
+"""The job state of many runs at once, for exporters that look at a whole runs root on every scrape.
+
+Slurm jobs (our script's and submitit's) take one ``squeue`` and one ``sacct``
+call for all runs together. A local run is RUNNING while its controller process
+lives; afterwards its files tell (COMPLETED when every step was trained).
+Nothing here unpickles a run's files (submitit's result pickles are left alone),
+and a controller that does not answer makes the states UNKNOWN, not an error.
+"""
+
+import logging
+from dataclasses import dataclass
+
+import psutil
+
+from air_hpc.errors import SlurmError
+from air_hpc.launch.runs import SubmissionRecord, submissions
+from air_hpc.observe.records import RunRecords
+from air_hpc.rundir import RunDir
+from air_hpc.slurm.client import SlurmClient
+from air_hpc.slurm.jobs import JobState, merge_status
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunJob:
+    submission: SubmissionRecord | None
+    """The latest submission; None before the run was submitted."""
+    state: JobState | None
+    """None before the run was submitted."""
+    restarts: int
+
+
+def _local_state(submission: SubmissionRecord, records: RunRecords) -> JobState:
+    if submission.job_id.isdigit() and psutil.pid_exists(int(submission.job_id)):
+        return JobState.RUNNING
+    done = records.total_steps is not None and any(s.step >= records.total_steps for s in records.steps)
+    return JobState.COMPLETED if done else JobState.UNKNOWN
+
+
+def run_jobs(runs: list[tuple[RunDir, RunRecords]], client: SlurmClient) -> list[RunJob]:
+    """The latest job of each run and its state, in the order given."""
+    latest: list[SubmissionRecord | None] = [next(reversed(submissions(run_dir)), None) for run_dir, _ in runs]
+    slurm_ids = [s.job_id for s in latest if s is not None and s.executor != "local"]
+    queued, accounted = [], []
+    reachable = True
+    if slurm_ids:
+        try:
+            queued = client.squeue(slurm_ids)
+            gone = sorted(set(slurm_ids) - {r.job_id for r in queued})
+            accounted = client.sacct(gone) if gone else []
+        except SlurmError as exc:
+            log.warning("job states unknown: %s", exc)
+            reachable = False
+    found = []
+    for (_, records), submission in zip(runs, latest, strict=True):
+        if submission is None:
+            found.append(RunJob(None, None, 0))
+            continue
+        recorded_restarts = max(submission.starts - 1, 0)
+        if submission.executor == "local":
+            found.append(RunJob(submission, _local_state(submission, records), recorded_restarts))
+            continue
+        status = merge_status(submission.job_id, queued, accounted) if reachable else None
+        state = status.state if status else JobState.UNKNOWN
+        restarts = max(status.restarts if status else 0, recorded_restarts)
+        found.append(RunJob(submission, state, restarts))
+    return found
