@@ -78,7 +78,10 @@ class TrainingEntry(submitit.helpers.Checkpointable):
 
     def __call__(self) -> Any:
         from air_hpc.train import metrics, parallel, trainer
+        from air_hpc.train.startup import StartupClock, process_start_s
 
+        clock = StartupClock(process_start_s())
+        clock.mark("launch")
         run_dir = RunDir(self.run_dir)
         fence(run_dir, os.environ)  # a job that does not own the run directory writes nothing there
         job = run_dir.read_job()
@@ -93,6 +96,10 @@ class TrainingEntry(submitit.helpers.Checkpointable):
             log.info("rank %d of %d on %s (local rank %d)", env.rank, env.world_size, env.hostname, env.local_rank)
             on_cpu = job.hardware.device == "cpu"
             _apply_thread_limit(os.environ)
+            from air_hpc.train import megatron_compat
+
+            megatron_compat.import_megatron()
+            clock.mark("imports")
             with contextlib.ExitStack() as stack:
                 if on_cpu:
                     from air_hpc.train import cpu_compat
@@ -106,9 +113,11 @@ class TrainingEntry(submitit.helpers.Checkpointable):
                 heartbeat = stack.enter_context(
                     rank_guard(job, run_dir, env.rank, env.world_size, env.hostname, os.environ)
                 )
+                clock.mark("preflight")
                 backend: parallel.Backend = "gloo" if on_cpu else "nccl"
                 ctx = stack.enter_context(parallel.distributed(env, job.layout, backend, job.train.dist_timeout_s))
-                summary = trainer.train(job, run_dir, ctx, heartbeat, stop)
+                clock.mark("rendezvous")
+                summary = trainer.train(job, run_dir, ctx, heartbeat, stop, clock)
             if summary.exit_code != ExitCode.OK:
                 record_verdict(run_dir, os.environ, summary.exit_code)
             if summary.exit_code == ExitCode.REQUEUE and os.environ.get("SUBMITIT_EXECUTOR"):

@@ -26,7 +26,9 @@ from air_hpc.train.data import CorpusInfo, TokenSamples, check_for_training
 from air_hpc.train.parallel import ParallelContext
 
 if TYPE_CHECKING:
+    from air_hpc.resilience.events import EventLog
     from air_hpc.resilience.signals import StopRequest
+    from air_hpc.train.startup import StartupClock
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,7 @@ def train(
     ctx: ParallelContext,
     heartbeat: Heartbeat | None = None,
     stop: "StopRequest | None" = None,
+    clock: "StartupClock | None" = None,
 ) -> RunSummary:
     """Train from the latest checkpoint (or step 1) to ``train.steps``; the caller owns the process groups.
 
@@ -82,6 +85,7 @@ def train(
     t = job.train
     parallel.seed(ctx, t.seed)
     model = model_mod.build(job, ctx)
+    _mark(clock, "model")
     events = EventLog(run_dir.events)
     checkpoints = Checkpointer(
         CheckpointStore(run_dir.checkpoints, job.checkpoint.keep_last, job.checkpoint.keep_every),
@@ -99,6 +103,7 @@ def train(
     consumed = 0 if loaded is None else int(loaded.extra["consumed_samples"])
     if loaded is not None:
         log.info("resumed from step %d (%d samples consumed)", loaded.step, consumed)
+    _mark(clock, "resume")
 
     samples = TokenSamples(job.data.path, job.model.seq_len, t.seed)
     runner = StepRunner(job, ctx, model, samples)
@@ -119,6 +124,7 @@ def train(
         job.resources.time_limit_min, job.resilience.time_margin_s, submissions=run_dir.submissions
     )
     loss = math.nan
+    _mark(clock, "data")
     started = time.perf_counter()
 
     def save(step: int, sync: bool, reason: str, supersede: bool = False) -> None:
@@ -138,6 +144,9 @@ def train(
             result = runner.step(consumed)
             consumed += t.global_batch_size
             loss = result.loss
+            if clock is not None and step == first_step:
+                clock.mark("first_step")
+                _record_startup(clock, events, ctx.rank, step)
             tokens_per_s = tokens_per_step / result.step_time_s
             if writer is not None:
                 writer.write(
@@ -195,6 +204,25 @@ def train(
         samples.close()
     log.info("trained steps %d..%d in %.1f s", first_step, t.steps, time.perf_counter() - started)
     return RunSummary(first_step, t.steps, loss, ExitCode.OK)
+
+
+def _mark(clock: "StartupClock | None", phase: str) -> None:
+    if clock is not None:
+        clock.mark(phase)
+
+
+def _record_startup(clock: "StartupClock", events: "EventLog", rank: int, step: int) -> None:
+    """Gather every rank's start-up phases (one collective); rank 0 writes them as one event."""
+    from air_hpc.train.collectives import gather_floats
+    from air_hpc.train.startup import EVENT_KIND, startup_event
+
+    per_rank = gather_floats(clock.vector())
+    if rank == 0:
+        fields = startup_event(per_rank, step)
+        events.emit(EVENT_KIND, **fields)
+        log.info(
+            "start-up: %.1f s to the first step (slowest rank %d)", fields["to_first_step_s"], fields["slowest_rank"]
+        )
 
 
 def _mfu_factor(job: JobConfig) -> float | None:

@@ -1,0 +1,76 @@
+"""Where a rank's start goes, phase by phase, from its process's creation to the end of its first step.
+
+Start-up is paid again on every requeue and restart, so it is goodput lost each time; the
+phases say which part to cut. Each rank keeps a :class:`StartupClock`; after the first step
+of a start the ranks gather their phases (one collective) and rank 0 writes one ``startup``
+event with every rank's seconds per phase (:func:`startup_event`).
+"""
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+#: The phases in the order a start passes them.
+PHASES: tuple[str, ...] = (
+    "launch",  # process created -> our entry runs (interpreter, srun/submitit, air_hpc imports)
+    "imports",  # torch and megatron-core
+    "preflight",  # node health check, heartbeat, watchdog
+    "rendezvous",  # default process group and Megatron's TP/PP/DP groups
+    "model",  # model chunks, DDP, optimizer, scheduler
+    "resume",  # find, verify and load the newest checkpoint (nothing on a first start)
+    "data",  # open the token file, set up the step runner
+    "first_step",  # the first training step of this start (warm-up included)
+)
+
+EVENT_KIND = "startup"
+
+
+def process_start_s() -> float:
+    """Wall-clock creation time of this process (what the ``launch`` phase counts from)."""
+    import psutil
+
+    return float(psutil.Process().create_time())
+
+
+class StartupClock:
+    """Seconds spent in each phase of this rank's start; :meth:`mark` closes the phase that just ended."""
+
+    def __init__(self, started_s: float, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._last_s = started_s
+        self.phases_s: dict[str, float] = {}
+
+    def mark(self, phase: str) -> None:
+        if phase not in PHASES:
+            raise ValueError(f"start-up phase {phase!r} is not one of {', '.join(PHASES)}")
+        now = self._clock()
+        self.phases_s[phase] = max(now - self._last_s, 0.0)
+        self._last_s = now
+
+    def vector(self) -> list[float]:
+        """Seconds per phase in :data:`PHASES` order (0 for a phase not passed), for a gather."""
+        return [self.phases_s.get(phase, 0.0) for phase in PHASES]
+
+
+def startup_event(per_rank: Sequence[Sequence[float]], first_step: int) -> dict[str, Any]:
+    """The fields of the ``startup`` event from every rank's :meth:`StartupClock.vector`.
+
+    ``to_first_step_s`` is the slowest rank's time from process creation to the start of
+    its first step: the ranks meet in the first step's collectives, so the slowest one
+    decides when training begins.
+    """
+    ranks = [list(row) for row in per_rank]
+    before_step = [sum(row[: PHASES.index("first_step")]) for row in ranks]
+    slowest = max(range(len(ranks)), key=lambda r: before_step[r]) if ranks else 0
+    return {
+        "step": first_step,
+        "ranks": len(ranks),
+        "to_first_step_s": round(max(before_step, default=0.0), 4),
+        "slowest_rank": slowest,
+        "phases_s": {phase: [round(row[i], 4) for row in ranks] for i, phase in enumerate(PHASES)},
+        "median_s": {
+            phase: round(statistics.median(row[i] for row in ranks), 4) if ranks else 0.0
+            for i, phase in enumerate(PHASES)
+        },
+    }

@@ -1,0 +1,92 @@
+"""Start-up phases: the rank's clock, the ``startup`` event, and megatron-core imported without Inductor."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from air_hpc.train.megatron_compat import EVIDENCE, EVIDENCE_MODULE, lazy_compile
+from air_hpc.train.startup import PHASES, StartupClock, startup_event
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_clock_closes_each_phase_at_its_mark() -> None:
+    now = iter([101.5, 104.0, 104.25])
+    clock = StartupClock(100.0, clock=lambda: next(now))
+    clock.mark("launch")
+    clock.mark("imports")
+    clock.mark("preflight")
+    assert clock.phases_s == {"launch": 1.5, "imports": 2.5, "preflight": 0.25}
+    assert clock.vector() == [1.5, 2.5, 0.25] + [0.0] * (len(PHASES) - 3)
+
+
+def test_clock_refuses_an_unknown_phase() -> None:
+    with pytest.raises(ValueError, match="not one of"):
+        StartupClock(0.0, clock=lambda: 1.0).mark("lunch")
+
+
+def test_event_names_the_slowest_rank_and_leaves_the_first_step_out_of_the_total() -> None:
+    fast = [1.0, 2.0, 0.0, 0.5, 0.25, 0.0, 0.0, 9.0]
+    slow = [1.0, 5.0, 0.0, 0.5, 0.25, 0.25, 0.0, 0.5]
+    event = startup_event([fast, slow], first_step=7)
+    assert event["step"] == 7 and event["ranks"] == 2
+    assert event["to_first_step_s"] == 7.0
+    assert event["slowest_rank"] == 1
+    assert event["phases_s"]["imports"] == [2.0, 5.0]
+    assert event["median_s"]["imports"] == 3.5
+    assert list(event["phases_s"]) == list(PHASES)
+
+
+def test_lazy_compile_compiles_on_the_first_call_only() -> None:
+    compiled: list[str] = []
+
+    def fake_compile(fn=None, **options):
+        compiled.append(fn.__name__ if fn is not None else f"options {sorted(options)}")
+        return (lambda *a: ("compiled", fn(*a))) if fn is not None else (lambda f: f)
+
+    deferred = lazy_compile(fake_compile)
+
+    @deferred
+    def double(x: int) -> int:
+        return 2 * x
+
+    assert compiled == [] and double.__name__ == "double"
+    assert double(3) == ("compiled", 6)
+    assert double(4) == ("compiled", 8)
+    assert compiled == ["double"]
+    deferred(mode="max-autotune")
+    assert compiled[-1] == "options ['mode']"
+
+
+def test_megatron_still_binds_torch_compile_at_import() -> None:
+    """The evidence for the deferred compile: when megatron-core stops doing this, drop the patch."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(EVIDENCE_MODULE)
+    assert spec is not None and spec.origin is not None
+    assert EVIDENCE in Path(spec.origin).read_text()
+
+
+def _modules_after(code: str) -> set[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
+    out = subprocess.run(
+        [sys.executable, "-c", code + "\nimport sys; print(' '.join(sys.modules))"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=300,
+    ).stdout
+    return set(out.split())
+
+
+def test_training_imports_of_megatron_leave_inductor_out() -> None:
+    """A plain ``import megatron.core`` imports Inductor (seconds per rank); ours does not."""
+    plain = _modules_after("import megatron.core")
+    ours = _modules_after("from air_hpc.train import megatron_compat; megatron_compat.import_megatron()")
+    assert "torch._inductor.compile_fx" in plain
+    assert "torch._inductor.compile_fx" not in ours
+    assert {"megatron.core.models.gpt", "megatron.core.optimizer"} <= ours
