@@ -180,6 +180,15 @@ class HealthConfig(Section):
     min_ib_rate_gbps: float = Field(
         0, ge=0, description="Slowest acceptable rate of each hardware.hcas port in ibstat (0: state only)."
     )
+    straggler_window_steps: int = Field(
+        20, ge=0, description="Steps per straggler check (each rank's median busy time over them); 0: no checks."
+    )
+    straggler_ratio: float = Field(
+        1.5, gt=1, description="A node busier per step than this many times the other nodes' median is a straggler."
+    )
+    exclude_stragglers: bool = Field(
+        False, description="Put straggler nodes on the bad-node list, so the next start of the job avoids them."
+    )
 
 
 class PlacementConfig(Section):

@@ -27,6 +27,8 @@ class RunProgress:
     restarts: int
     last_checkpoint_step: int | None
     last_checkpoint_age_s: float | None
+    stragglers: tuple[str, ...] = ()
+    """Nodes reported as stragglers (slower per step than the others)."""
 
     @property
     def fraction(self) -> float | None:
@@ -50,6 +52,8 @@ class RunProgress:
                 f", {format_duration(self.last_checkpoint_age_s)} ago" if self.last_checkpoint_age_s is not None else ""
             )
             parts.append(f"last checkpoint step {self.last_checkpoint_step}{age}")
+        if self.stragglers:
+            parts.append(f"straggler(s) {','.join(self.stragglers)}")
         return ", ".join(parts)
 
 
@@ -81,6 +85,7 @@ def run_progress(records: RunRecords, now_s: float) -> RunProgress | None:
         restarts=max(len(records.starts_s) - 1, 0),
         last_checkpoint_step=int(saved_step) if saved_step is not None else None,
         last_checkpoint_age_s=now_s - saved.time_s if saved else None,
+        stragglers=records.straggler_nodes,
     )
 
 

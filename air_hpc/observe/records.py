@@ -18,6 +18,10 @@ PREEMPT_KINDS = frozenset({"signal", "preempt", "preempted", "stop", "stop_reque
 FAULT_KINDS = frozenset({"hang", "unhealthy"})
 CHECKPOINT_KIND = "checkpoint_saved"
 RESUME_KIND = "resume"
+#: A node whose ranks were consistently busier per step than the others (``air_hpc.health.stragglers``).
+STRAGGLER_KIND = "straggler"
+#: Every rank's start-up phases, once per start (``air_hpc.train.startup``).
+STARTUP_KIND = "startup"
 START_KIND = "start"
 
 
@@ -59,6 +63,12 @@ class RunRecords:
 
     def of_kind(self, *kinds: str) -> tuple[Event, ...]:
         return tuple(e for e in self.events if e.kind in kinds)
+
+    @property
+    def straggler_nodes(self) -> tuple[str, ...]:
+        """Nodes reported as stragglers at any time in the run, each once, in the order first reported."""
+        nodes = [str(e.fields["node"]) for e in self.of_kind(STRAGGLER_KIND) if isinstance(e.fields.get("node"), str)]
+        return tuple(dict.fromkeys(nodes))
 
 
 def _float(value: Any) -> float | None:

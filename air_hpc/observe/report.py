@@ -14,14 +14,26 @@
   (the preemption save, the requeue wait, start-up and loading the checkpoint);
 - checkpoint overhead is the time training waited for saves (``stall_s`` of
   ``checkpoint_saved`` events; an async save stalls only while it snapshots),
-  except saves made after an interruption, which count in its latency.
+  except saves made after an interruption, which count in its latency;
+- stragglers are the nodes the ranks found consistently slower per step than the
+  others (``straggler`` events), and start-up the time each start took from its
+  processes' creation to its first step (``startup`` events).
 """
 
 import bisect
 import itertools
 from dataclasses import asdict, dataclass
 
-from air_hpc.observe.records import CHECKPOINT_KIND, FAULT_KINDS, PREEMPT_KINDS, RESUME_KIND, RunRecords, StepRecord
+from air_hpc.observe.records import (
+    CHECKPOINT_KIND,
+    FAULT_KINDS,
+    PREEMPT_KINDS,
+    RESUME_KIND,
+    STARTUP_KIND,
+    STRAGGLER_KIND,
+    RunRecords,
+    StepRecord,
+)
 
 
 @dataclass(frozen=True)
@@ -81,6 +93,17 @@ class Cost:
 
 
 @dataclass(frozen=True)
+class StragglerSeen:
+    node: str
+    step: int | None
+    """The step at which it was first reported."""
+    ratio: float | None
+    """Its busy time per step over the other nodes' median."""
+    excluded: bool
+    """Put on the bad-node list (``health.exclude_stragglers``)."""
+
+
+@dataclass(frozen=True)
 class RunReport:
     first_start_s: float
     last_activity_s: float
@@ -96,6 +119,9 @@ class RunReport:
     breakdown: TimeBreakdown
     cost: Cost
     submitted_s: float | None = None
+    stragglers: tuple[StragglerSeen, ...] = ()
+    starts_to_first_step_s: tuple[float, ...] = ()
+    """Each start's process creation to first step (its slowest rank, ``startup`` events), in order."""
 
     @property
     def lost_s(self) -> float:
@@ -219,6 +245,10 @@ def build_report(records: RunRecords) -> RunReport | None:
         breakdown=breakdown,
         cost=_cost(records, starts, last, breakdown),
         submitted_s=submitted,
+        stragglers=stragglers_seen(records),
+        starts_to_first_step_s=tuple(
+            s for e in records.of_kind(STARTUP_KIND) if (s := e.number("to_first_step_s")) is not None
+        ),
     )
 
 
@@ -241,6 +271,18 @@ def _cost(records: RunRecords, starts: list[float], last: float, breakdown: Time
         gpu_hours_lost=max(allocated - breakdown.productive_s, 0.0) * hours,
         usd_per_gpu_hour=records.usd_per_gpu_hour,
     )
+
+
+def stragglers_seen(records: RunRecords) -> tuple[StragglerSeen, ...]:
+    """Each straggler node once, as first reported."""
+    seen: dict[str, StragglerSeen] = {}
+    for event in records.of_kind(STRAGGLER_KIND):
+        node = event.fields.get("node")
+        if isinstance(node, str) and node not in seen:
+            step = event.number("step")
+            excluded = event.fields.get("excluded") is True
+            seen[node] = StragglerSeen(node, int(step) if step is not None else None, event.number("ratio"), excluded)
+    return tuple(seen.values())
 
 
 def _share(part: float, whole: float) -> str:
@@ -279,6 +321,14 @@ def format_report(report: RunReport) -> str:
             f"  #{r.number} {r.cause:<10} lost {r.lost_steps} step(s) ({r.lost_compute_s:.1f} s) + "
             f"restart latency {latency} = {r.lost_s:.1f} s"
         )
+    if report.starts_to_first_step_s:
+        starts = ", ".join(f"{s:.1f}" for s in report.starts_to_first_step_s)
+        lines.append(f"start-ups    {starts} s from process creation to first step, per start")
+    for s in report.stragglers:
+        ratio = f", {s.ratio:.1f}x the others" if s.ratio is not None else ""
+        at = f" at step {s.step}" if s.step is not None else ""
+        excluded = "; on the bad-node list" if s.excluded else ""
+        lines.append(f"straggler    {s.node}{at}{ratio}{excluded}")
     lines.append(
         f"checkpoints  {report.checkpoints} saved, training waited {report.checkpoint_stall_s:.2f} s"
         f"{_share(report.checkpoint_stall_s, report.wall_s)}, writing took {report.checkpoint_write_s:.2f} s"

@@ -70,6 +70,8 @@ class ParallelContext:
     dp_rank: int
     dp_group: Any
     backend: Backend
+    hostname: str = ""
+    """The node this rank runs on (as the launcher named it)."""
 
     @property
     def chunks(self) -> int:
@@ -131,6 +133,7 @@ def distributed(env: DistEnv, layout: ParallelLayout, backend: Backend, timeout_
             dp_rank=parallel_state.get_data_parallel_rank(),
             dp_group=parallel_state.get_data_parallel_group(),
             backend=backend,
+            hostname=env.hostname,
         )
         log.info(
             "rank %d: tp %d/%d pp %d/%d dp %d/%d vpp %s",

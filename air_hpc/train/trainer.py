@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from air_hpc.resilience.events import EventLog
     from air_hpc.resilience.signals import StopRequest
     from air_hpc.train.startup import StartupClock
+    from air_hpc.train.straggler_watch import StragglerWatch
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,7 @@ def train(
         job.resources.time_limit_min, job.resilience.time_margin_s, submissions=run_dir.submissions
     )
     loss = math.nan
+    watch = _straggler_watch(job, run_dir, ctx, events)
     _mark(clock, "data")
     started = time.perf_counter()
 
@@ -141,7 +143,11 @@ def train(
         for step in range(first_step, t.steps + 1):
             if heartbeat is not None:
                 heartbeat.beat("step", step)
+            if watch is not None:
+                watch.begin()
             result = runner.step(consumed)
+            if watch is not None:
+                watch.end(step)
             consumed += t.global_batch_size
             loss = result.loss
             if clock is not None and step == first_step:
@@ -195,6 +201,8 @@ def train(
             save(t.steps, sync=True, reason="final")
         checkpoints.close()
     finally:
+        if watch is not None:
+            watch.close()
         if own_stop:
             stop.uninstall()
         if writer is not None:
@@ -204,6 +212,21 @@ def train(
         samples.close()
     log.info("trained steps %d..%d in %.1f s", first_step, t.steps, time.perf_counter() - started)
     return RunSummary(first_step, t.steps, loss, ExitCode.OK)
+
+
+def _straggler_watch(
+    job: JobConfig, run_dir: RunDir, ctx: ParallelContext, events: "EventLog"
+) -> "StragglerWatch | None":
+    """This rank's part of the straggler check; None when it is off or there is only one rank."""
+    if job.health.straggler_window_steps == 0 or ctx.layout.world_size < 2:
+        return None
+    import socket
+
+    from air_hpc.health.busy import BusyMeter
+    from air_hpc.train.straggler_watch import StragglerWatch
+
+    host = ctx.hostname or socket.gethostname()
+    return StragglerWatch(job.health, ctx.rank, host, events, run_dir.bad_nodes, BusyMeter())
 
 
 def _mark(clock: "StartupClock | None", phase: str) -> None:
