@@ -1,7 +1,7 @@
 #!/bin/bash
 # GPU benchmark: gpt-1.3b in bf16 on one GPU (NCCL, CUDA torch) for a few dozen steps, then its MFU.
 #
-# Trains configs/jobs/gpt-1.3b-1gpu.yaml through the real entry point (submitit's LocalExecutor,
+# Trains scripts/bench/gpt-1.3b-1gpu.yaml through the real entry point (submitit's LocalExecutor,
 # one rank, NCCL) and prints:
 #   - model FLOPs per step (air_hpc.train.metrics.flops_per_token x tokens per step, from the config),
 #   - the median step time after warm-up, the model TFLOP/s and the MFU against the GPU's dense
@@ -31,7 +31,7 @@ set_args=()
 for kv in "run.root=$work" "data.path=$corpus" "train.steps=$steps" "${extra[@]}"; do
     set_args+=(--set "$kv")
 done
-"$python" -m air_hpc submit configs/jobs/gpt-1.3b-1gpu.yaml --executor local --wait "${set_args[@]}"
+"$python" -m air_hpc submit scripts/bench/gpt-1.3b-1gpu.yaml --executor local --wait "${set_args[@]}"
 
 "$python" - "$work/gpt-1.3b-1gpu" <<'PY'
 import statistics
