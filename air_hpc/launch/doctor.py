@@ -11,7 +11,10 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from air_hpc.config.models import JobConfig
+from air_hpc.errors import InputError, TopologyError
+from air_hpc.exitcodes import REQUEUE_WORTHY
 from air_hpc.slurm.cluster import ClusterFacts, Partition
+from air_hpc.topology import files, hostlists
 
 Severity = Literal["error", "warning"]
 
@@ -48,6 +51,25 @@ def cluster_findings(facts: ClusterFacts, partition: str | None = None) -> list[
                 "and --executor submitit cannot tell a cancelled job from a running one",
             )
         )
+    for key, codes, what in (
+        ("RequeueExit", s.requeue_exit, "requeues it too"),
+        ("RequeueExitHold", s.requeue_exit_hold, "requeues it held, until someone releases it"),
+    ):
+        ours = sorted(set(codes) & {int(c) for c in REQUEUE_WORTHY})
+        if ours:
+            found.append(
+                Finding(
+                    "warning",
+                    key,
+                    f"lists exit code(s) {', '.join(map(str, ours))}, which air-hpc's batch script exits with after "
+                    f"requeueing the job itself; Slurm then {what}",
+                )
+            )
+    if facts.topology.file is not None:
+        try:
+            files.read_any(facts.topology.file.read_text(), str(facts.topology.file))
+        except (OSError, TopologyError) as exc:
+            found.append(Finding("warning", "topology file", f"air-hpc cannot use the cluster's: {exc}"))
     if s.topology_plugin is None:
         found.append(
             Finding(
@@ -212,10 +234,50 @@ def _cluster_wide(job: JobConfig, facts: ClusterFacts) -> list[Finding]:
                 f"partition {part.name} allows only accounts {', '.join(part.allow_accounts)}, not {account!r}",
             )
         )
-    topo = job.cluster.topology_file
-    if job.placement.topology_aware and topo is not None and not topo.is_file():
-        found.append(Finding("error", "cluster.topology_file", f"{topo}: no such file on this machine"))
+    if job.placement.topology_aware and job.cluster.topology_file is not None:
+        found += _topology_fit(job, part)
     return found
+
+
+def _topology_fit(job: JobConfig, part: Partition | None) -> list[Finding]:
+    """The job's topology file must parse, and the nodes it picks from must be nodes the partition gives."""
+    topo = job.cluster.topology_file
+    key = "cluster.topology_file"
+    if topo is None:
+        return []
+    try:
+        fabric = files.read_any(topo.read_text(), str(topo))
+    except OSError as exc:
+        return [Finding("error", key, f"{topo}: cannot read: {exc.strerror or exc}")]
+    except TopologyError as exc:
+        return [Finding("error", key, str(exc))]
+    if part is None or not part.nodes or part.nodes.strip().lower() in ("(null)", "none"):
+        return []
+    try:
+        in_partition = set(hostlists.expand(part.nodes, f"partition {part.name} Nodes"))
+    except InputError:
+        return []
+    outside = sorted(set(fabric.nodes) - in_partition)
+    usable = len(set(fabric.nodes) & in_partition)
+    if usable < job.resources.nodes:
+        return [
+            Finding(
+                "error",
+                key,
+                f"only {usable} of its {len(fabric.nodes)} nodes are in partition {part.name} "
+                f"({job.resources.nodes} needed); is it this cluster's topology?",
+            )
+        ]
+    if outside:
+        return [
+            Finding(
+                "warning",
+                key,
+                f"{len(outside)} of its nodes are not in partition {part.name} ({hostlists.compress(outside)}): "
+                "a selection that picks them is refused by Slurm",
+            )
+        ]
+    return []
 
 
 def _preemption_fit(job: JobConfig, facts: ClusterFacts, part: Partition) -> list[Finding]:

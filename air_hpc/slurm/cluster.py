@@ -77,6 +77,19 @@ def _seconds(text: str | None) -> int | None:
     return None if minutes is None else minutes * 60
 
 
+def parse_exit_codes(text: str | None) -> tuple[int, ...]:
+    """``RequeueExit`` / ``RequeueExitHold`` values: ``1,3,10-12`` -> (1, 3, 10, 11, 12); unset -> ()."""
+    if text is None or _unset(text):
+        return ()
+    codes: list[int] = []
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        if not first.isdigit() or (last and not last.isdigit()):
+            raise SlurmError(f"scontrol show config: cannot read exit codes {text!r}; expected e.g. 1,3,10-12")
+        codes.extend(range(int(first), int(last or first) + 1))
+    return tuple(codes)
+
+
 def gpus_in_gres(gres: str) -> int:
     """GPUs per node in a gres string: ``gpu:h100:8(S:0-1)`` -> 8, ``gpu:a100:2,gpu:v100:2`` -> 4, ``(null)`` -> 0."""
     return sum(int(count) for _, count in _GPU_GRES.findall(gres))
@@ -98,6 +111,10 @@ class SlurmSettings:
     """``JobRequeue=1``: jobs are requeueable unless they say ``--no-requeue`` (our script says ``--requeue``)."""
     max_batch_requeue: int | None
     """Requeues of a batch job before Slurm holds it (newer Slurm); None when this Slurm has no such limit."""
+    requeue_exit: tuple[int, ...]
+    """Exit codes after which Slurm itself requeues a batch job (``RequeueExit``)."""
+    requeue_exit_hold: tuple[int, ...]
+    """Exit codes after which Slurm requeues a batch job held (``RequeueExitHold``)."""
     preempt_type: str | None
     preempt_mode: str
     preempt_send_user_signal: bool
@@ -159,6 +176,8 @@ def parse_show_config(text: str) -> SlurmSettings:
         topology_param=_value(raw, "TopologyParam"),
         job_requeue=(_value(raw, "JobRequeue") or "1") != "0",
         max_batch_requeue=int(max_requeue) if max_requeue and max_requeue.isdigit() else None,
+        requeue_exit=parse_exit_codes(raw.get("RequeueExit")),
+        requeue_exit_hold=parse_exit_codes(raw.get("RequeueExitHold")),
         preempt_type=preempt_type,
         preempt_mode=_value(raw, "PreemptMode") or "OFF",
         preempt_send_user_signal="preempt_send_user_signal" in params,

@@ -153,7 +153,7 @@ def test_probe_keeps_going_without_accounting() -> None:
 
 def test_a_fitting_job_has_no_findings() -> None:
     facts = probe_cluster(FakeSlurm(cluster=recorded("testbed")), "root")
-    job = load_job(TESTBED_JOB, [f"cluster.topology_file={DATA / 'testbed-topology.txt'}"])
+    job = load_job(TESTBED_JOB, [f"cluster.topology_file={DATA / 'testbed-topology.conf'}"])
     assert job_findings(job, facts) == []
     assert cluster_findings(facts) == []
 
@@ -299,7 +299,7 @@ def test_cluster_init_refuses_to_overwrite(tmp_path: Path, capsys: pytest.Captur
 
 def test_cluster_init_finds_the_topology_file_beside_slurm_conf(tmp_path: Path) -> None:
     (tmp_path / "etc").mkdir()
-    (tmp_path / "etc" / "topology.conf").write_text((DATA / "testbed-topology.txt").read_text())
+    (tmp_path / "etc" / "topology.conf").write_text((DATA / "testbed-topology.conf").read_text())
     out = tmp_path / "tb.yaml"
     fake = FakeSlurm(cluster=recorded("testbed", accounts=("ml", "physics"), conf_dir=tmp_path))
     code, _ = run_cli(["cluster", "init", "tb", "-o", str(out)], fake)
@@ -314,3 +314,50 @@ def test_cluster_init_rejects_a_name_that_is_not_a_file_stem(name: str, capsys: 
         main(["cluster", "init", name])
     assert info.value.code == 2
     assert "expected letters, digits" in capsys.readouterr().err
+
+
+def test_exit_codes_slurm_acts_on_too() -> None:
+    text = recorded("testbed")
+    text.config = text.config.replace("RequeueExitHold         = (null)", "RequeueExitHold         = 1,85-86")
+    facts = probe_cluster(FakeSlurm(cluster=text), "root")
+    assert facts.settings.requeue_exit_hold == (1, 85, 86) and facts.settings.requeue_exit == ()
+    [finding] = cluster_findings(facts)
+    assert finding.key == "RequeueExitHold" and finding.message.startswith("lists exit code(s) 85, 86, which")
+
+
+@pytest.mark.parametrize(
+    ("topology", "severity", "message"),
+    [
+        ("SwitchName=s1 Nodes=n[1-10]\n", "warning", "2 of its nodes are not in partition debug (n[9-10])"),
+        ("SwitchName=s1 Nodes=m[1-8]\n", "error", "only 0 of its 8 nodes are in partition debug (2 needed)"),
+        ("SwitchName=s1 Nodes=n[1-2]\nSwitchName=s1 Nodes=n[3-4]\n", "error", "s1"),
+    ],
+)
+def test_the_jobs_topology_file_against_the_partition(
+    tmp_path: Path, topology: str, severity: str, message: str
+) -> None:
+    topo = tmp_path / "topology.conf"
+    topo.write_text(topology)
+    facts = probe_cluster(FakeSlurm(cluster=recorded("testbed")), "root")
+    job = load_job(TESTBED_JOB, [f"cluster.topology_file={topo}"])
+    [finding] = job_findings(job, facts)
+    assert (finding.severity, finding.key) == (severity, "cluster.topology_file")
+    assert message in finding.message
+
+
+def test_a_missing_topology_file_is_an_error(tmp_path: Path) -> None:
+    facts = probe_cluster(FakeSlurm(cluster=recorded("testbed")), "root")
+    job = load_job(TESTBED_JOB, [f"cluster.topology_file={tmp_path / 'gone.conf'}"])
+    [finding] = job_findings(job, facts)
+    assert finding.severity == "error" and "cannot read: No such file or directory" in finding.message
+
+
+def test_the_clusters_own_topology_file_must_be_readable_by_air_hpc(tmp_path: Path) -> None:
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "topology.conf").write_text("SwitchName=s1 Nodes=n[1-4] Bogus=1\n")
+    facts = probe_cluster(FakeSlurm(cluster=recorded("testbed", conf_dir=tmp_path)), "root")
+    assert facts.topology.file == tmp_path / "etc" / "topology.conf"
+    [finding] = cluster_findings(facts)
+    assert finding.key == "topology file" and "unknown key 'Bogus'" in finding.message
+    (tmp_path / "etc" / "topology.conf").write_text((DATA / "testbed-topology.conf").read_text())
+    assert cluster_findings(facts) == []
