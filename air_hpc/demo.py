@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from air_hpc.config import load_job
 from air_hpc.errors import AirHpcError
@@ -19,6 +20,9 @@ from air_hpc.rundir import RunDir, read_jsonl
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.jobs import JobStatus
 from air_hpc.testbed import Testbed
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +63,13 @@ def wait_for_step(run_dir: RunDir, step: int, client: SlurmClient, job_id: str, 
 
 
 def run_demo(
-    state_dir: Path | None, run_root: Path, echo: Callable[[str], None], preempt_at_step: int = 8
+    state_dir: Path | None,
+    run_root: Path,
+    echo: Callable[[str], None],
+    preempt_at_step: int = 8,
+    console: "Console | None" = None,
 ) -> DemoResult:
+    """The demo; with a ``console``, the wait for the end is the live view (``air-hpc status --watch``)."""
     bed = Testbed(state_dir)
     status = bed.up()
     echo(f"testbed up: {len(status['nodes'])} nodes on leaves {status['leaves']} ({bed.layout.root})")
@@ -95,7 +104,12 @@ def run_demo(
     def show(change: JobStatus) -> None:
         echo(f"  job {submission.job_id}: {change.state}, restarts {change.restarts}")
 
-    final = submitting.wait_slurm(client, submission.job_id, poll_s=1.0, on_change=show)
+    if console is None:
+        final = submitting.wait_slurm(client, submission.job_id, poll_s=1.0, on_change=show)
+    else:
+        from air_hpc.launch.control import run_status, watch_run
+
+        final = watch_run(lambda: run_status(run_dir, client), console, poll_s=1.0).job
     for event in read_jsonl(run_dir.events) if run_dir.events.exists() else []:
         if event.get("kind") in {"signal", "stop", "checkpoint_saved", "requeue", "resume"}:
             shown = ("step", "reason", "seconds", "signal", "exit_code")

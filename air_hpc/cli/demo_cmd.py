@@ -23,6 +23,8 @@ import click
 @click.option("--preempt-at-step", default=8, show_default=True, help="Send the preemption signal at this step.")
 def demo(state_dir: Path | None, run_root: Path, preempt_at_step: int) -> None:
     """Train gpt-tiny across two emulated nodes, preempt it once, watch it resume, report and plot."""
+    from rich.console import Console
+
     from air_hpc.demo import run_demo
 
-    run_demo(state_dir, run_root.resolve(), click.echo, preempt_at_step)
+    run_demo(state_dir, run_root.resolve(), click.echo, preempt_at_step, console=Console())

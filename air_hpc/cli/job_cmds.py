@@ -127,22 +127,33 @@ def _report_dry_run(planned: Any, as_json: bool) -> None:
 
 
 def _wait_and_summarize(done: Any, client: Any, as_json: bool) -> None:
-    from air_hpc.launch.control import run_status
-    from air_hpc.launch.submit import TrainingFailed, describe_failure, wait_local, wait_slurm
+    from rich.console import Console
+
+    from air_hpc.launch.control import run_status, watch_run
+    from air_hpc.launch.submit import TrainingFailed, describe_failure, wait_local
     from air_hpc.rundir import RunDir
 
-    if not as_json:
-        click.echo(f"submitted job {done.job_id} ({done.executor}); run dir {done.run_dir}")
+    run_dir = RunDir(done.run_dir)
     if done.executor == "local":
-        wait_local(done)
+
+        def poll() -> Any:
+            done.handle.done()  # reaps the finished controller, so its PID no longer reads as alive
+            return run_status(run_dir, client)
+
     else:
 
-        def show(status: Any) -> None:
-            if not as_json:
-                click.echo(f"job {status.job_id}: {status.state} (restarts {status.restarts})")
+        def poll() -> Any:
+            return run_status(run_dir, client)
 
-        wait_slurm(client, done.job_id, on_change=show)
-    status = run_status(RunDir(done.run_dir), client)
+    if as_json:
+        while not poll().job.state.terminal:
+            time.sleep(2.0)
+    else:
+        click.echo(f"submitted job {done.job_id} ({done.executor}); run dir {done.run_dir}")
+        watch_run(poll, Console())
+    if done.executor == "local":
+        wait_local(done)
+    status = run_status(run_dir, client)
     if as_json:
         echo_json(status.to_json())
     else:
@@ -173,13 +184,16 @@ def _summary(status: Any) -> str:
 
 @click.command()
 @click.argument("target", required=False, metavar="[RUN_OR_JOB]")
+@click.option("--watch", is_flag=True, help="Follow the run until its job ends: a live panel, or a line per change.")
 @json_option
-def status(target: str | None, as_json: bool) -> None:
-    """State of a run (its directory) or a Slurm job id; without one, your queued jobs."""
+def status(target: str | None, watch: bool, as_json: bool) -> None:
+    """State of a run (directory, name or job file) or a Slurm job id; without one, your queued jobs."""
     from air_hpc.launch.control import run_status
     from air_hpc.launch.runs import resolve_run
 
     client = _client()
+    if watch and (target is None or as_json):
+        raise UserError("--watch follows one run: give RUN, and no --json")
     if target is None:
         records = client.squeue(user=getpass.getuser())
         if as_json:
@@ -190,7 +204,7 @@ def status(target: str | None, as_json: bool) -> None:
             for r in records:
                 click.echo(f"{r.job_id:>8}  {r.state!s:<11} {r.nodes:>3}  {r.nodelist or r.reason:<16} {r.name}")
         return
-    if target.isdigit() and not Path(target).exists():
+    if target.isdigit() and not Path(target).exists() and not watch:
         job = client.job_status(target)
         if job is None:
             raise UserError(f"job {target}: neither squeue nor sacct knows it")
@@ -202,7 +216,15 @@ def status(target: str | None, as_json: bool) -> None:
                 f"restarts {job.restarts}"
             )
         return
-    result = run_status(resolve_run(target), client)
+    run_dir = resolve_run(target)
+    if watch:
+        from rich.console import Console
+
+        from air_hpc.launch.control import watch_run
+
+        watch_run(lambda: run_status(run_dir, client), Console())
+        return
+    result = run_status(run_dir, client)
     if as_json:
         echo_json(result.to_json())
         return

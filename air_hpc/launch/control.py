@@ -8,19 +8,24 @@ controller's process and result files.
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from air_hpc.errors import UserError
 from air_hpc.health.badnodes import read_bad_nodes
 from air_hpc.launch.runs import SubmissionRecord, latest_submission
+from air_hpc.observe.live import LiveView, change_key, last_event, live_panel, plain_line
 from air_hpc.observe.progress import RunProgress, run_progress
 from air_hpc.observe.records import load_records
 from air_hpc.render.spec import batch_log_paths
 from air_hpc.rundir import RunDir
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.jobs import JobState, JobStatus
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 @dataclass(frozen=True)
@@ -138,3 +143,45 @@ def cancel_run(run_dir: RunDir, client: SlurmClient) -> SubmissionRecord:
     else:
         client.scancel(record.job_id)
     return record
+
+
+def live_view(status: RunStatus, now_s: float) -> LiveView:
+    return LiveView(
+        run=status.run_dir.path.name,
+        job_id=status.job.job_id,
+        state=str(status.job.state) + (f" ({status.job.reason})" if status.job.reason else ""),
+        restarts=max(status.restarts, status.progress.restarts if status.progress else 0),
+        progress=status.progress,
+        last_event=last_event(load_records(status.run_dir), now_s),
+    )
+
+
+def watch_run(
+    poll: Callable[[], RunStatus],
+    console: "Console",
+    poll_s: float = 2.0,
+) -> RunStatus:
+    """Show a run until its job ends: a live panel on a terminal, else a plain line whenever something changed.
+
+    ``poll`` reads the run's status (``run_status`` bound to a run and a client).
+    """
+    from rich.live import Live
+
+    status = poll()
+    if console.is_terminal:
+        with Live(live_panel(live_view(status, time.time())), console=console, auto_refresh=False) as live:
+            while not status.job.state.terminal:
+                time.sleep(poll_s)
+                status = poll()
+                live.update(live_panel(live_view(status, time.time())), refresh=True)
+        return status
+    shown: tuple[object, ...] | None = None
+    while True:
+        view = live_view(status, time.time())
+        if change_key(view) != shown:
+            console.print(plain_line(view), soft_wrap=True, highlight=False, markup=False)
+            shown = change_key(view)
+        if status.job.state.terminal:
+            return status
+        time.sleep(poll_s)
+        status = poll()
