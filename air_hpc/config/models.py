@@ -203,6 +203,12 @@ class PlacementConfig(Section):
         description="Pin the selected nodes with --nodelist and order ranks on them; "
         "false: ask only for --switches=K@switches_wait_min and let Slurm pick.",
     )
+    segment: int | None = Field(
+        None,
+        ge=1,
+        description="Block topologies (topology/block): nodes per segment, each kept inside one base block "
+        "(sbatch --segment); default: the nodes of one TP group when it spans several nodes.",
+    )
 
 
 class ObserveConfig(Section):

@@ -35,6 +35,7 @@ from air_hpc.render.quoting import shell_quote
 from air_hpc.rundir import RunDir
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.jobs import JobStatus, TestOnlyResult
+from air_hpc.topology.treeconf import BlockTopology
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class Submission:
             "script": str(RunDir(self.run_dir).sbatch),
             "nodelist": self.plan.request.nodelist,
             "switches": self.plan.request.switches,
+            "segment": self.plan.request.segment,
             "test_only": None
             if self.plan.test_only is None
             else {"start": self.plan.test_only.start, "nodelist": self.plan.test_only.nodelist},
@@ -100,7 +102,7 @@ def node_request(job: JobConfig, available: set[str] | None = None) -> tuple[Nod
     if not job.placement.topology_aware or topo is None:
         reason = "placement.topology_aware is false" if topo else "the cluster has no topology_file"
         return NodeRequest(exclude=exclude), (f"node count only: {reason}",)
-    from air_hpc.topology import treeconf
+    from air_hpc.topology import files
     from air_hpc.topology.place import place_selection
     from air_hpc.topology.select import select_nodes
 
@@ -108,7 +110,9 @@ def node_request(job: JobConfig, available: set[str] | None = None) -> tuple[Nod
         text = topo.read_text()
     except OSError as exc:
         raise ConfigError(f"cluster.topology_file: cannot read {topo}: {exc.strerror or exc}") from None
-    fabric = treeconf.parse(text, str(topo))
+    fabric = files.read_topology(text, str(topo))
+    if isinstance(fabric, BlockTopology):
+        return _block_request(job, fabric, available, set(bad), exclude)
     everything = set(fabric.nodes) - set(bad)
     candidates = everything if available is None else set(available) - set(bad)
     notes: list[str] = []
@@ -135,6 +139,64 @@ def node_request(job: JobConfig, available: set[str] | None = None) -> tuple[Nod
     if placement.fallback:
         notes.append(f"rank order: switch order ({placement.fallback})")
     return NodeRequest(nodelist=selection.nodelist, rank_hosts=placement.ranks, exclude=exclude), tuple(notes)
+
+
+def _block_request(
+    job: JobConfig, topology: BlockTopology, available: set[str] | None, bad: set[str], exclude: str | None
+) -> tuple[NodeRequest, tuple[str, ...]]:
+    """Under topology/block: a set Slurm accepts, ``--segment`` (no ``--switches``), TP groups inside one block.
+
+    The segment defaults to the nodes of one TP group, so every block holds whole
+    TP groups and the NVLink domain map can keep each group inside its domain.
+    """
+    from air_hpc.topology.block_select import select_blocks
+    from air_hpc.topology.blocks import BlockModel
+    from air_hpc.topology.place import place
+
+    model = BlockModel(topology)
+    segment = job.placement.segment or _tp_nodes(job)
+    everything = set(model.block_of) - bad
+    candidates = everything if available is None else set(available) - bad
+    nodes = job.resources.nodes
+    try:
+        selection = select_blocks(model, candidates, nodes, segment)
+    except TopologyError as exc:
+        if candidates == everything:
+            raise
+        waiting = select_blocks(model, everything, nodes, segment)
+        return NodeRequest(segment=waiting.segment, exclude=exclude), (
+            f"not enough free nodes now ({exc}); letting Slurm place the job under its block rules",
+        )
+    notes = [
+        f"selected {selection.nodelist} in {len(selection.blocks)} block(s) ({','.join(selection.blocks)}) "
+        f"inside an aggregate of {selection.aggregate_nodes} nodes"
+    ]
+    if not job.placement.pin_nodes:
+        return NodeRequest(segment=selection.segment, exclude=exclude), (
+            *notes,
+            "not pinned: Slurm places the job under its block rules",
+        )
+    domains = {node: model.names[model.block_of[node]] for node in selection.nodes}
+    placement = place(
+        topology.to_fabric(),
+        selection.nodes,
+        job.layout,
+        job.resources.tasks_per_node,
+        job.hardware.nvlink_domain_nodes,
+        nvlink_domains=domains,
+    )
+    if placement.fallback:
+        notes.append(f"rank order: block order ({placement.fallback})")
+    request = NodeRequest(
+        nodelist=selection.nodelist, segment=selection.segment, rank_hosts=placement.ranks, exclude=exclude
+    )
+    return request, tuple(notes)
+
+
+def _tp_nodes(job: JobConfig) -> int | None:
+    """Nodes one TP group spans when it spans several (None otherwise)."""
+    tp, per_node = job.layout.tp, job.resources.tasks_per_node
+    return tp // per_node if tp > per_node and tp % per_node == 0 else None
 
 
 def available_nodes(client: SlurmClient) -> set[str]:
@@ -354,6 +416,8 @@ def _submit_submitit_slurm(plan_: Plan, entry: Callable[[], Any]) -> str:
     }
     if spec.switches:
         additional["switches"] = spec.switches
+    if spec.request.segment:
+        additional["segment"] = spec.request.segment
     if spec.reservation:
         additional["reservation"] = spec.reservation
     params: dict[str, Any] = {

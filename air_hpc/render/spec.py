@@ -48,6 +48,8 @@ class NodeRequest:
     """Hostlist expression pinned with ``--nodelist``."""
     switches: int | None = None
     """Leaf switches to ask for with ``--switches`` when nodes are not pinned."""
+    segment: int | None = None
+    """Nodes per segment under topology/block (``--segment``): each segment stays inside one base block."""
     rank_hosts: tuple[str, ...] = ()
     """One host per rank, in rank order (written to ``SLURM_HOSTFILE``); empty: Slurm's block order."""
     exclude: str | None = None
@@ -268,3 +270,5 @@ def _check_request(job: JobConfig, request: NodeRequest) -> None:
         raise ConfigError(f"placement: nodelist {request.nodelist} does not have resources.nodes = {res.nodes} nodes")
     if request.switches is not None and not 1 <= request.switches <= res.nodes:
         raise ConfigError(f"placement: --switches={request.switches} must be between 1 and {res.nodes}")
+    if request.segment is not None and (request.segment < 1 or res.nodes % request.segment):
+        raise ConfigError(f"placement.segment: --segment={request.segment} must divide resources.nodes = {res.nodes}")

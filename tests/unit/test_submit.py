@@ -135,6 +135,46 @@ def test_busy_cluster_falls_back_to_switches(tmp_path: Path, topo: Path) -> None
     assert any("not enough free nodes" in note for note in planned.notes)
 
 
+BLOCKS = "".join(f"BlockName=b{i} Nodes=n[{4 * i - 3}-{4 * i}]\n" for i in range(1, 5)) + "BlockSizes=4,8,16\n"
+
+
+def block_job(tmp_path: Path, *overrides: str):
+    path = tmp_path / "block.conf"
+    path.write_text(BLOCKS)
+    sizes = ["resources.nodes=4", "resources.tasks_per_node=1", "parallel.tp=2", "parallel.pp=2"]
+    sizes.append("hardware.nvlink_domain_nodes=4")
+    return job_in(tmp_path, f"cluster.topology_file={path}", *sizes, *overrides)
+
+
+def test_block_topology_pins_a_valid_set_with_segments_and_keeps_tp_in_a_block(tmp_path: Path) -> None:
+    from air_hpc.topology import treeconf
+    from air_hpc.topology.blocks import BlockModel, violation
+
+    busy = {**{f"n{i}": "IDLE" for i in range(1, 17)}, "n1": "ALLOCATED", "n5": "DRAIN", "n9": "MIXED+DRAIN"}
+    busy["n13"] = "DOWN"
+    planned = plan(block_job(tmp_path), FakeSlurm(nodes=busy))
+    request = planned.request
+    assert request.segment == 2, "the segment defaults to one TP group (tp 2 on 1 task per node)"
+    assert request.nodelist == "n[2-3,6-7]" and request.switches is None
+    model = BlockModel(treeconf.parse_block(BLOCKS, "b"))
+    assert violation(model, [f"n{i}" for i in (2, 3, 6, 7)], 2) is None
+    ranks = request.rank_hosts
+    for group in range(0, len(ranks), 2):  # tp is fastest: ranks 2k, 2k+1 form a TP group
+        assert model.block_of[ranks[group]] == model.block_of[ranks[group + 1]]
+    assert "#SBATCH --segment=2" in planned.script and "--switches" not in planned.script
+
+
+def test_block_topology_not_pinned_asks_only_for_segments(tmp_path: Path) -> None:
+    planned = plan(block_job(tmp_path, "placement.pin_nodes=false", "placement.segment=1"), None)
+    assert planned.request.nodelist is None and planned.request.segment == 1
+    assert "#SBATCH --segment=1" in planned.script and "--switches" not in planned.script
+
+
+def test_segment_larger_than_a_block_is_a_topology_error(tmp_path: Path) -> None:
+    with pytest.raises(TopologyError, match="--segment=8 is larger than the base block size 4"):
+        plan(block_job(tmp_path, "resources.nodes=16", "placement.segment=8", "train.global_batch_size=32"), None)
+
+
 def test_too_many_nodes_for_the_fabric_is_a_topology_error(tmp_path: Path, topo: Path) -> None:
     job = job_in(tmp_path, f"cluster.topology_file={topo}", "resources.nodes=10", "train.global_batch_size=40")
     with pytest.raises(TopologyError, match="10 nodes requested"):
