@@ -1,40 +1,12 @@
 """``air-hpc metrics``: every run under a root as Prometheus metrics, in a node_exporter textfile or over HTTP."""
 
 import threading
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
 from air_hpc.cli.job_cmds import _client
 from air_hpc.errors import UserError
-
-if TYPE_CHECKING:
-    from air_hpc.observe.prometheus import RunMetrics
-    from air_hpc.slurm.client import SlurmClient
-
-
-def _snapshot(root: str | None, client: "SlurmClient") -> list["RunMetrics"]:
-    from air_hpc.launch.fleet import run_jobs
-    from air_hpc.launch.runs import find_runs
-    from air_hpc.observe.prometheus import run_metrics
-    from air_hpc.observe.records import load_records
-
-    runs = [(run_dir, load_records(run_dir)) for run_dir in find_runs(root)]
-    now = time.time()
-    return [
-        run_metrics(
-            run_dir,
-            records,
-            job.state,
-            job.submission.job_id if job.submission else None,
-            job.submission.executor if job.submission else None,
-            job.restarts,
-            now,
-        )
-        for (run_dir, records), job in zip(runs, run_jobs(runs, client), strict=True)
-    ]
 
 
 @click.command()
@@ -53,11 +25,12 @@ def _snapshot(root: str | None, client: "SlurmClient") -> list["RunMetrics"]:
 @click.option("--bind", default="127.0.0.1", show_default=True, help="Address to serve on.")
 def metrics(root: str | None, textfile: Path | None, port: int | None, bind: str) -> None:
     """Per-run step, loss, tokens/s, goodput, restarts, checkpoint and heartbeat age, and state, for Prometheus."""
+    from air_hpc.launch.fleet import snapshot
     from air_hpc.observe.prometheus import registry_of, serve, write_textfile
 
     one_of = "give one of --textfile OUT.prom or --serve PORT"
     client = _client()
-    registry = registry_of(lambda: _snapshot(root, client))
+    registry = registry_of(lambda: snapshot(root, client))
     if textfile is not None:
         if port is not None:
             raise UserError(one_of)

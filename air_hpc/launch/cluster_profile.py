@@ -90,8 +90,11 @@ def check_target(path: Path, force: bool) -> None:
 def write_profile(path: Path, text: str, force: bool) -> Path:
     """Write the draft atomically; an existing file is replaced only with ``force``."""
     check_target(path, force)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot write: {exc.strerror or exc}") from None
     return path

@@ -1,4 +1,4 @@
-"""The job state of many runs at once, for exporters that look at a whole runs root on every scrape.
+"""Every run under a root with its job state, for exporters that look at the whole fleet on every scrape.
 
 Slurm jobs (our script's and submitit's) take one ``squeue`` and one ``sacct``
 call for all runs together. A local run is RUNNING while its controller process
@@ -8,13 +8,16 @@ and a controller that does not answer makes the states UNKNOWN, not an error.
 """
 
 import logging
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
 from air_hpc.errors import SlurmError
-from air_hpc.launch.runs import SubmissionRecord, submissions
-from air_hpc.observe.records import RunRecords
+from air_hpc.launch.runs import SubmissionRecord, find_runs, submissions
+from air_hpc.observe.prometheus import RunMetrics, run_metrics
+from air_hpc.observe.records import RunRecords, load_records
 from air_hpc.rundir import RunDir
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.jobs import JobState, merge_status
@@ -66,3 +69,21 @@ def run_jobs(runs: list[tuple[RunDir, RunRecords]], client: SlurmClient) -> list
         restarts = max(status.restarts if status else 0, recorded_restarts)
         found.append(RunJob(submission, state, restarts))
     return found
+
+
+def snapshot(root: Path | str | None, client: SlurmClient) -> list[RunMetrics]:
+    """The numbers of every run under ``root`` now (see :func:`~air_hpc.launch.runs.find_runs`)."""
+    runs = [(run_dir, load_records(run_dir)) for run_dir in find_runs(root)]
+    now = time.time()
+    return [
+        run_metrics(
+            run_dir,
+            records,
+            job.state,
+            job.submission.job_id if job.submission else None,
+            job.submission.executor if job.submission else None,
+            job.restarts,
+            now,
+        )
+        for (run_dir, records), job in zip(runs, run_jobs(runs, client), strict=True)
+    ]

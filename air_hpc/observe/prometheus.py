@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, start_http_server, write_to_tex
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from air_hpc.errors import UserError
 from air_hpc.health.heartbeat import read_beats
 from air_hpc.observe.progress import run_progress
 from air_hpc.observe.records import RunRecords
@@ -207,13 +208,19 @@ def registry_of(snapshot: Callable[[], Sequence[RunMetrics]]) -> CollectorRegist
 
 def write_textfile(path: Path, registry: CollectorRegistry) -> None:
     """For node_exporter's textfile collector (``*.prom``): written beside ``path``, then renamed over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_to_textfile(str(path), registry)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_to_textfile(str(path), registry)
+    except OSError as exc:
+        raise UserError(f"--textfile {path}: cannot write: {exc.strerror or exc}") from None
 
 
 def serve(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> tuple[str, int, Callable[[], None]]:
     """Serve ``/metrics`` in a background thread; returns the bound address, port and a stop function."""
-    server, thread = start_http_server(port, addr=addr, registry=registry)
+    try:
+        server, thread = start_http_server(port, addr=addr, registry=registry)
+    except OSError as exc:
+        raise UserError(f"--serve {port} --bind {addr}: cannot listen there: {exc.strerror or exc}") from None
 
     def stop() -> None:
         server.shutdown()

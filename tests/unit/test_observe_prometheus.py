@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_cla
 from air_hpc.cli.main import cli, main
 from air_hpc.config import load_job
 from air_hpc.health.heartbeat import Heartbeat
+from air_hpc.launch.fleet import snapshot
 from air_hpc.launch.runs import record_submission
 from air_hpc.observe.prometheus import phase, registry_of, serve
 from air_hpc.rundir import RunDir
@@ -124,11 +126,29 @@ def test_metrics_usage_errors_exit_2(args: list[str], message: str, capsys: pyte
     assert message in err and err.count("\n") == 1
 
 
-def test_endpoint_answers_openmetrics_over_loopback(tmp_path: Path) -> None:
-    from air_hpc.cli.metrics_cmd import _snapshot
+def test_a_port_in_use_or_an_unwritable_textfile_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit) as info:
+            main(["metrics", "--root", str(tmp_path), "--serve", str(port)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--serve {port} --bind 127.0.0.1: cannot listen there: Address already in use" in err
+    assert err.count("\n") == 1
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as info:
+        main(["metrics", "--root", str(tmp_path), "--textfile", str(tmp_path / "file" / "m.prom")])
+    assert info.value.code == 2
+    assert "cannot write" in capsys.readouterr().err
 
+
+def test_endpoint_answers_openmetrics_over_loopback(tmp_path: Path) -> None:
     fake = fleet(tmp_path)
-    host, port, stop = serve(registry_of(lambda: _snapshot(str(tmp_path), fake)), 0)
+    host, port, stop = serve(registry_of(lambda: snapshot(tmp_path, fake)), 0)
     try:
         assert host == "127.0.0.1"
         request = urllib.request.Request(

@@ -361,3 +361,16 @@ def test_the_clusters_own_topology_file_must_be_readable_by_air_hpc(tmp_path: Pa
     assert finding.key == "topology file" and "unknown key 'Bogus'" in finding.message
     (tmp_path / "etc" / "topology.conf").write_text((DATA / "testbed-topology.conf").read_text())
     assert cluster_findings(facts) == []
+
+
+def test_cluster_init_into_an_unwritable_place_is_a_user_error(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from air_hpc.errors import UserError
+
+    (tmp_path / "file").write_text("")
+    target = tmp_path / "file" / "x.yaml"
+    fake = FakeSlurm(cluster=recorded("testbed"))
+    result = CliRunner().invoke(cli, ["cluster", "init", "x", "-o", str(target)], obj={"slurm_client": fake})
+    assert isinstance(result.exception, UserError) and result.exception.exit_code == 2
+    assert str(result.exception).startswith(f"{target}: cannot write: ")
