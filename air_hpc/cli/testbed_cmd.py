@@ -11,6 +11,7 @@ from rich.table import Table
 from air_hpc.cli.options import echo_json, json_option
 from air_hpc.errors import UserError
 from air_hpc.testbed import Testbed, default_state_dir
+from air_hpc.testbed.conf import Settings
 
 state_dir_option = click.option(
     "--state-dir",
@@ -38,9 +39,25 @@ def testbed() -> None:
 @testbed.command()
 @state_dir_option
 @click.option("--leaves", default="2,4,2", show_default=True, help="Nodes per leaf switch, all under one spine.")
-def up(state_dir: Path | None, leaves: str) -> None:
-    """Start the testbed (safe to run twice) and wait until every node is idle."""
-    status = Testbed(state_dir).up(parse_leaves(leaves))
+@click.option(
+    "--preempt-grace-s",
+    type=click.IntRange(min=0),
+    default=Settings.preempt_grace_s,
+    show_default=True,
+    help="GraceTime of the batch partition: seconds between Slurm's preemption signal and the kill.",
+)
+@click.option(
+    "--preempt-send-user-signal",
+    is_flag=True,
+    help="Preemption sends the job's --signal instead of SIGTERM (SlurmctldParameters=preempt_send_user_signal).",
+)
+def up(state_dir: Path | None, leaves: str, preempt_grace_s: int, preempt_send_user_signal: bool) -> None:
+    """Start the testbed (safe to run twice) and wait until every node is idle.
+
+    Two partitions share the nodes: `batch` (the default) and `urgent`, whose jobs preempt `batch` jobs.
+    """
+    settings = Settings(preempt_grace_s=preempt_grace_s, preempt_send_user_signal=preempt_send_user_signal)
+    status = Testbed(state_dir).up(parse_leaves(leaves), settings=settings)
     _print_status(status)
     click.echo(f"export SLURM_CONF={shlex.quote(status['slurm_conf'])}")
 

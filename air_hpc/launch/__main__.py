@@ -5,6 +5,7 @@ The process exit code is the contract with the batch script (see
 """
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -27,5 +28,18 @@ def main(argv: list[str]) -> int:
     return int(summary.exit_code)
 
 
+def exit_now(code: int) -> None:
+    """Exit without the interpreter's teardown of torch and Megatron.
+
+    Everything the run needs is durable when :func:`main` returns (checkpoints committed, events
+    fsynced, logs closed), while the teardown runs C++ destructors for seconds (12 s on a loaded
+    testbed): time a preempted job does not have within Slurm's GraceTime.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    exit_now(main(sys.argv[1:]))

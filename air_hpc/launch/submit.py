@@ -291,6 +291,32 @@ def check_data(job: JobConfig) -> None:
     check_for_training(job.data.path, job.model.seq_len, job.model.vocab_size)
 
 
+def check_grace(job: JobConfig, client: SlurmClient) -> None:
+    """Refuse a run whose measured preemption save (from its earlier starts) outlasts the partition's GraceTime."""
+    from air_hpc.observe.records import load_records, longest_sync_save_s
+
+    run_dir = RunDir.of(job)
+    measured_s = longest_sync_save_s(load_records(run_dir).events)
+    if measured_s is None:
+        return
+    from air_hpc.slurm.cluster import PARTITION_ARGS, parse_partitions
+
+    try:
+        partitions = parse_partitions(client.run(list(PARTITION_ARGS)).stdout)
+    except SlurmUnreachableError as exc:
+        log.warning("cannot compare the save time with the partition's GraceTime: %s", exc)
+        return
+    wanted = job.cluster.partition
+    grace_s = next((p.grace_time_s for p in partitions if (p.name == wanted if wanted else p.default)), None)
+    if grace_s and grace_s < measured_s:
+        name = job.cluster.partition or "(the default partition)"
+        raise ConfigError(
+            f"cluster.partition: {name} gives a preempted job a GraceTime of {grace_s} s, shorter than this run's "
+            f"measured checkpoint save of {measured_s:.1f} s ({run_dir.events}): a preemption would kill the save; "
+            "use a partition with a longer GraceTime or make the save faster"
+        )
+
+
 def write_run(plan_: Plan) -> RunDir:
     """Create the run directory with the resolved config and the script (logs/ must exist before sbatch)."""
     run_dir = RunDir.of(plan_.job)
@@ -329,6 +355,8 @@ def submit(
         )
     if step_command is None:
         check_data(job)
+    if executor != "local":
+        check_grace(job, client)
     plan_ = plan(
         job,
         None if executor == "local" else client,

@@ -26,7 +26,7 @@ import psutil
 from air_hpc.errors import SlurmError, TestbedError
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.testbed import conf
-from air_hpc.testbed.conf import Layout, Ports
+from air_hpc.testbed.conf import Layout, Ports, Settings
 from air_hpc.topology import treeconf
 from air_hpc.topology.synthetic import fat_tree
 
@@ -118,16 +118,26 @@ class Testbed:
     def client(self, **kwargs: Any) -> SlurmClient:
         return SlurmClient(env=self.env, **kwargs)
 
-    def up(self, leaves: Sequence[int] = DEFAULT_LEAVES, timeout_s: float = 90.0) -> dict[str, Any]:
+    def up(
+        self, leaves: Sequence[int] = DEFAULT_LEAVES, timeout_s: float = 90.0, settings: Settings | None = None
+    ) -> dict[str, Any]:
+        settings = settings or Settings()
         leaves = tuple(leaves)
         if not leaves or any(n < 1 for n in leaves):
             raise TestbedError(f"--leaves {','.join(map(str, leaves))}: expected node counts >= 1, e.g. 2,4,2")
+        if settings.preempt_grace_s < 0:
+            raise TestbedError(f"testbed.preempt_grace_s: {settings.preempt_grace_s} must be >= 0 seconds")
         state = self._read_state()
         if state and self._all_alive(state):
             if tuple(state["leaves"]) != leaves:
                 raise TestbedError(
                     f"testbed in {self.layout.root} is already up with leaves "
                     f"{','.join(map(str, state['leaves']))}; run `air-hpc testbed down` first"
+                )
+            if state.get("settings", asdict(Settings())) != asdict(settings):
+                raise TestbedError(
+                    f"testbed in {self.layout.root} is already up with settings {state.get('settings')}; "
+                    "run `air-hpc testbed down` first"
                 )
             log.info("testbed already up in %s", self.layout.root)
             return self.status()
@@ -141,10 +151,10 @@ class Testbed:
                 f"apt-get install --no-install-recommends {' '.join(missing)}"
             )
         try:
-            self._start(leaves, timeout_s)
+            self._start(leaves, timeout_s, settings)
         except TestbedError as exc:
             log.warning("testbed start failed (%s); retrying once on fresh ports", exc)
-            self._start(leaves, timeout_s)
+            self._start(leaves, timeout_s, settings)
         return self.status()
 
     def down(self, timeout_s: float = 30.0) -> list[Daemon]:
@@ -186,6 +196,7 @@ class Testbed:
             "slurm_conf": str(self.layout.slurm_conf),
             "topology_conf": str(self.layout.topology_conf),
             "leaves": state["leaves"],
+            "settings": state.get("settings", asdict(Settings())),
             "ports": state["ports"],
             "daemons": daemons,
             "nodes": nodes,
@@ -193,7 +204,7 @@ class Testbed:
 
     # ---- start-up ------------------------------------------------------------
 
-    def _start(self, leaves: tuple[int, ...], timeout_s: float) -> None:
+    def _start(self, leaves: tuple[int, ...], timeout_s: float, settings: Settings) -> None:
         lay = self.layout
         fabric = fat_tree(leaves)
         nodes = list(fabric.nodes)
@@ -203,13 +214,19 @@ class Testbed:
         lay.munge_dir.chmod(0o711)
         numbers = free_ports(3 + len(nodes))
         ports = Ports(slurmctld=numbers[0], slurmdbd=numbers[1], mariadb=numbers[2], slurmd=tuple(numbers[3:]))
-        lay.slurm_conf.write_text(conf.slurm_conf(lay, ports, nodes, socket.gethostname(), CLUSTER_NAME))
+        lay.slurm_conf.write_text(conf.slurm_conf(lay, ports, nodes, socket.gethostname(), CLUSTER_NAME, settings))
         lay.slurmdbd_conf.write_text(conf.slurmdbd_conf(lay, ports))
         lay.slurmdbd_conf.chmod(0o600)
         lay.cgroup_conf.write_text(conf.cgroup_conf())
         lay.topology_conf.write_text(treeconf.render(fabric, header="Written by air-hpc testbed up."))
         lay.hosts.write_text(conf.hosts_file(nodes, socket.gethostname()))
-        state: dict[str, Any] = {"leaves": list(leaves), "nodes": nodes, "ports": asdict(ports), "daemons": []}
+        state: dict[str, Any] = {
+            "leaves": list(leaves),
+            "settings": asdict(settings),
+            "nodes": nodes,
+            "ports": asdict(ports),
+            "daemons": [],
+        }
         deadline = time.monotonic() + timeout_s
         try:
             self._start_munge(state)

@@ -9,6 +9,22 @@ NODE_CPUS = 4
 NODE_MEMORY_MB = 4096
 #: How long a requeued job must wait before it may start again (Slurm: 120 s by default).
 CRED_EXPIRE_S = 5
+#: The default partition (training jobs) and the one whose jobs preempt it, on the same nodes.
+BATCH_PARTITION = "batch"
+URGENT_PARTITION = "urgent"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The testbed's own settings (``testbed.*``), fixed at ``up``."""
+
+    __test__ = False  # not a pytest test class
+
+    preempt_grace_s: int = 30
+    """``testbed.preempt_grace_s``: GraceTime of the ``batch`` partition: between Slurm's SIGTERM to a
+    preempted job and its kill."""
+    preempt_send_user_signal: bool = False
+    """``testbed.preempt_send_user_signal``: Slurm sends a preempted job its ``--signal`` instead of SIGTERM."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +109,10 @@ class Layout:
         return self.run / f"{daemon}.pid"
 
 
-def slurm_conf(layout: Layout, ports: Ports, nodes: list[str], ctld_host: str, cluster: str) -> str:
+def slurm_conf(
+    layout: Layout, ports: Ports, nodes: list[str], ctld_host: str, cluster: str, settings: Settings | None = None
+) -> str:
+    settings = settings or Settings()
     auth = f"socket={layout.munge_socket},cred_expire={CRED_EXPIRE_S}"
     lines = [
         "# Written by air-hpc testbed up; every daemon listens on loopback only.",
@@ -130,6 +149,10 @@ def slurm_conf(layout: Layout, ports: Ports, nodes: list[str], ctld_host: str, c
         "SlurmdParameters=config_overrides",
         "ReturnToService=2",
         "JobRequeue=1",
+        # A job in `urgent` preempts jobs in `batch`: SIGCONT+SIGTERM, GraceTime, kill, and Slurm requeues it.
+        "PreemptType=preempt/partition_prio",
+        "PreemptMode=REQUEUE",
+        *(["SlurmctldParameters=preempt_send_user_signal"] if settings.preempt_send_user_signal else []),
         "MinJobAge=300",
         "KillWait=5",
         "UnkillableStepTimeout=30",
@@ -149,7 +172,13 @@ def slurm_conf(layout: Layout, ports: Ports, nodes: list[str], ctld_host: str, c
             f"NodeName={name} NodeHostname={ctld_host} NodeAddr=127.0.0.1 Port={port} "
             f"CPUs={NODE_CPUS} RealMemory={NODE_MEMORY_MB} State=UNKNOWN"
         )
-    lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+    lines.append(
+        f"PartitionName={BATCH_PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 "
+        f"PreemptMode=REQUEUE GraceTime={settings.preempt_grace_s}"
+    )
+    lines.append(
+        f"PartitionName={URGENT_PARTITION} Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF"
+    )
     return "\n".join(lines) + "\n"
 
 

@@ -9,6 +9,7 @@ next start resumes. Both are compared with one uninterrupted run on this machine
 
 import contextlib
 import json
+import re
 import signal
 import time
 from pathlib import Path
@@ -21,11 +22,11 @@ from air_hpc.config.load import load_job
 from air_hpc.exitcodes import ExitCode
 from air_hpc.launch.submit import submit as submit_slurm
 from air_hpc.resilience.events import read_events
-from air_hpc.rundir import RunDir
+from air_hpc.rundir import RunDir, read_jsonl
 from air_hpc.train import data
 from air_hpc.train.metrics import read_metrics
 from tests.integration.local_run import submit_local
-from tests.integration.waiting import wait_for
+from tests.integration.waiting import wait_ended, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -106,9 +107,9 @@ def check_like_reference(run_dir: RunDir, reference: RunDir, signalled: list[flo
     assert len(expected) == STEPS
     assert [(r["step"], r["loss"]) for r in records] == expected
     stops, resumes = kinds(run_dir, "stop"), kinds(run_dir, "resume")
-    assert [e["reason"] for e in stops] == ["signal", "signal"]
+    assert [e["reason"] for e in stops] == ["signal"] * len(signalled)
     assert [e["step"] for e in resumes] == [e["step"] for e in stops]  # no step lost
-    assert stops[0]["step"] < stops[1]["step"] < STEPS
+    assert [e["step"] for e in stops] == sorted({e["step"] for e in stops}) and stops[-1]["step"] < STEPS
     assert all(e["rng_restored"] and not e["layout_changed"] for e in resumes)
     saved = {e["step"]: e for e in kinds(run_dir, "checkpoint_saved")}
     assert all(saved[e["step"]]["async"] is False for e in stops)  # preemption saves are synchronous
@@ -164,3 +165,98 @@ def test_submitit_job_on_the_testbed_requeues_on_the_configured_signal(
     assert state == "COMPLETED", "\n".join(p.read_text()[-1500:] for p in logs)
     check_like_reference(run_dir, reference, signalled)
     assert [e["signal"] for e in kinds(run_dir, "stop")] == ["SIGUSR1", "SIGUSR1"]
+
+
+def slurm_requeues_preempted_jobs(testbed: Any) -> bool:
+    """Slurm 24.05 and newer requeue a preempted job that ends within its GraceTime; older ones do not."""
+    out = testbed.client.run(["scontrol", "--version"]).stdout
+    version = re.search(r"(\d+)\.(\d+)", out)
+    assert version, "scontrol --version printed no version"
+    return (int(version[1]), int(version[2])) >= (24, 5)
+
+
+def test_testbed_job_preempted_by_slurm_saves_in_grace_requeues_once_and_matches(
+    testbed: Any, corpus: Path, reference: RunDir, tmp_path: Path
+) -> None:
+    """A job in `urgent` preempts the run (partition_prio, PreemptMode=REQUEUE): Slurm sends the step SIGTERM,
+    the ranks save within GraceTime, the job is requeued exactly once (by Slurm or, before 24.05, by the batch
+    script) and ends like the uninterrupted run."""
+    job = load_job(
+        REPO / "configs/jobs/gpt-tiny-testbed.yaml",
+        [*job_overrides(tmp_path, corpus, "slurm-preempted"), f"cluster.topology_file={testbed.topology_conf}"],
+    )
+    done = submit_slurm(job, "slurm", testbed.client)
+    run_dir = RunDir(done.run_dir)
+    wait_for("step 2", lambda: last_step(run_dir) >= 2, timeout_s=300)
+    nodes = (testbed.client.show_job(done.job_id) or {})["NodeList"]
+    signalled = time.time()
+    urgent = testbed.client.run(
+        ["sbatch", "--parsable", "--partition=urgent", f"--nodelist={nodes}", "--exclusive", "--wrap=sleep 1"]
+    ).stdout.strip()
+    wait_for("resume", lambda: len(kinds(run_dir, "resume")) >= 1, timeout_s=300)
+    state = testbed.wait_job(done.job_id, timeout_s=300)
+    assert state == "COMPLETED", "\n".join(p.read_text()[-1500:] for p in sorted(run_dir.logs.glob("*")))
+    assert wait_ended(testbed.client, urgent, timeout_s=60).state.succeeded
+    check_like_reference(run_dir, reference, [signalled])
+    assert [e["signal"] for e in kinds(run_dir, "stop")] == ["SIGTERM"]
+    (preempted,) = kinds(run_dir, "preempted")
+    assert preempted["fit"] is True and preempted["grace_s"] == 30
+    assert preempted["requeue_by"] == ("slurm" if slurm_requeues_preempted_jobs(testbed) else "batch")
+    assert kinds(run_dir, "requeue") == []  # not the batch script's ordinary requeue as well
+    starts = [r for r in read_jsonl(run_dir.submissions) if r.get("event") == "started"]
+    assert [r["restart_count"] for r in starts] == [0, 1]  # requeued exactly once
+    print(f"preemption save: step ended {preempted['ended_after_s']} s into a {preempted['grace_s']} s grace time")
+
+
+#: On the first start every rank takes 4 s longer per step (sitecustomize on the job's PYTHONPATH), so the
+#: run cannot finish within its one-minute time limit; later starts train at full speed.
+SLOW_FIRST_START = """
+import os, sys, threading, time
+
+def _patch():
+    while not hasattr(sys.modules.get("air_hpc.train.loop"), "StepRunner"):
+        time.sleep(0.02)
+    runner = sys.modules["air_hpc.train.loop"].StepRunner
+    original = runner.step
+
+    def step(self, consumed):
+        time.sleep(4)
+        return original(self, consumed)
+
+    runner.step = step
+
+if os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
+    threading.Thread(target=_patch, daemon=True).start()
+"""
+
+
+def test_testbed_job_at_its_time_limit_gets_the_signal_saves_requeues_and_matches(
+    testbed: Any, corpus: Path, reference: RunDir, tmp_path: Path
+) -> None:
+    """--time=1 with --signal=B:USR2@20: Slurm signals the batch shell before the limit, the ranks save, the
+    batch script requeues (this is not Slurm's preemption), and the run ends like the uninterrupted one."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(SLOW_FIRST_START)
+    job = load_job(
+        REPO / "configs/jobs/gpt-tiny-testbed.yaml",
+        [
+            *job_overrides(tmp_path, corpus, "time-limit"),
+            f"cluster.topology_file={testbed.topology_conf}",
+            "resources.time_limit_min=1",
+            "resilience.signal_lead_s=20",
+            "resilience.time_margin_s=0",
+            f"env.PYTHONPATH={inject}:{REPO}",
+        ],
+    )
+    done = submit_slurm(job, "slurm", testbed.client)
+    run_dir = RunDir(done.run_dir)
+    state = testbed.wait_job(done.job_id, timeout_s=400)
+    assert state == "COMPLETED", "\n".join(p.read_text()[-1500:] for p in sorted(run_dir.logs.glob("*")))
+    signals = kinds(run_dir, "signal")
+    assert signals and [e["signal"] for e in signals] == ["SIGUSR2"] * len(signals)
+    check_like_reference(run_dir, reference, [e["time"] for e in signals])
+    assert [e["signal"] for e in kinds(run_dir, "stop")] == ["SIGUSR2"] * len(signals)
+    assert len(kinds(run_dir, "requeue")) == len(signals) and kinds(run_dir, "preempted") == []
+    starts = [r for r in read_jsonl(run_dir.submissions) if r.get("event") == "started"]
+    assert [r["restart_count"] for r in starts] == list(range(len(signals) + 1))

@@ -36,7 +36,7 @@ def test_profiles_are_composed_by_name() -> None:
     job = load_job(TESTBED_JOB)
     assert job.hardware.name == "cpu-testbed" and job.hardware.device == "cpu"
     assert job.model.name == "gpt-tiny" and job.model.num_layers == 4
-    assert job.cluster.partition == "debug"
+    assert job.cluster.partition == "batch"
     assert (job.layout.tp, job.layout.pp, job.layout.dp) == (2, 2, 1)
     assert job.precision == "fp32"
 

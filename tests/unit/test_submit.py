@@ -13,7 +13,7 @@ from air_hpc.launch.submit import plan, submit
 from air_hpc.observe.progress import run_progress
 from air_hpc.observe.records import load_records
 from air_hpc.rundir import RunDir
-from air_hpc.slurm.fake import FakeSlurm
+from air_hpc.slurm.fake import FakeClusterText, FakeSlurm
 from air_hpc.slurm.jobs import JobState
 
 REPO = Path(__file__).resolve().parents[2]
@@ -327,3 +327,47 @@ def test_a_request_no_node_state_explains_still_fails(tmp_path: Path) -> None:
     with pytest.raises(SlurmError, match="Requested node configuration is not available"):
         submit(job, "slurm", fake)
     assert fake.jobs == {}
+
+
+def with_partitions(grace_s: dict[str, int]) -> FakeSlurm:
+    """A controller with these partitions (the first is the default) and their GraceTime."""
+    lines = [
+        f"PartitionName={name} AllowGroups=ALL Default={'YES' if i == 0 else 'NO'} GraceTime={grace} "
+        "MaxNodes=UNLIMITED MaxTime=UNLIMITED MinNodes=0 Nodes=n[1-8] PreemptMode=REQUEUE State=UP TotalNodes=8"
+        for i, (name, grace) in enumerate(grace_s.items())
+    ]
+    return FakeSlurm(cluster=FakeClusterText(config="", partitions="\n".join(lines) + "\n", sinfo=""))
+
+
+def previous_sync_save(tmp_path: Path, seconds: float) -> None:
+    """A run directory whose earlier start saved synchronously (a preemption's or the final save)."""
+    run = RunDir(tmp_path / "runs" / "gpt-tiny-testbed")
+    run.path.mkdir(parents=True)
+    rows = [
+        {"time": 1.0, "kind": "checkpoint_saved", "step": 5, "seconds": 30.0, "async": True},
+        {"time": 2.0, "kind": "checkpoint_saved", "step": 7, "seconds": seconds, "async": False},
+    ]
+    run.events.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_a_grace_time_shorter_than_the_measured_save_is_one_line_exit_2(tmp_path: Path) -> None:
+    fake = with_partitions({"debug": 0, "batch": 5})
+    previous_sync_save(tmp_path, 12.0)
+    with pytest.raises(ConfigError) as raised:
+        invoke(fake, ["submit", str(TESTBED_JOB), "--set", f"run.root={tmp_path / 'runs'}", *sets(tmp_path)[2:]])
+    assert raised.value.exit_code == 2 and "\n" not in str(raised.value)
+    assert str(raised.value).startswith(
+        "cluster.partition: batch gives a preempted job a GraceTime of 5 s, shorter than this run's measured "
+        "checkpoint save of 12.0 s"
+    )
+    assert not [c for c in fake.calls if c[0] == "sbatch"]
+
+
+@pytest.mark.parametrize(("grace_s", "partition"), [(30, "batch"), (0, "batch"), (5, None)])
+def test_a_save_that_fits_or_no_grace_time_submits(tmp_path: Path, grace_s: int, partition: str | None) -> None:
+    """GraceTime 0 is the cluster's choice to kill at once, not a mistake in the job; None: the default partition."""
+    fake = with_partitions({"debug": 30, "batch": grace_s})
+    previous_sync_save(tmp_path, 12.0)
+    overrides = [] if partition else ["cluster.partition=null"]
+    submit(job_in(tmp_path, *overrides), "slurm", fake)
+    assert any(c[:2] == ["sbatch", "--parsable"] for c in fake.calls)

@@ -73,3 +73,32 @@ def test_unreadable_state_is_reported(tmp_path: Path) -> None:
     (tmp_path / "testbed.json").write_text("{not json")
     with pytest.raises(TestbedError, match="unreadable testbed state"):
         Testbed(tmp_path).status()
+
+
+def test_batch_is_preempted_by_urgent_with_the_configured_grace(tmp_path: Path) -> None:
+    layout, ports = layout_and_ports(tmp_path)
+    text = conf.slurm_conf(layout, ports, ["n1", "n2"], "vm", "airtb", conf.Settings(preempt_grace_s=12))
+    assert "PreemptType=preempt/partition_prio" in text and "PreemptMode=REQUEUE" in text
+    assert "PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 " in text
+    assert "PreemptMode=REQUEUE GraceTime=12" in text
+    assert "PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF" in text
+    assert "preempt_send_user_signal" not in text
+    assert "SlurmctldParameters=preempt_send_user_signal" in conf.slurm_conf(
+        layout, ports, ["n1", "n2"], "vm", "airtb", conf.Settings(preempt_send_user_signal=True)
+    )
+    assert "GraceTime=30" in conf.slurm_conf(layout, ports, ["n1", "n2"], "vm", "airtb")
+
+
+def test_the_testbed_partitions_as_slurm_reports_them() -> None:
+    """Real ``scontrol --oneliner show partition`` of a testbed: batch (default, REQUEUE, 30 s grace) and urgent."""
+    from air_hpc.slurm.cluster import parse_partitions
+
+    text = (Path(__file__).resolve().parents[1] / "data" / "scontrol-show-partition.txt").read_text()
+    batch, urgent = parse_partitions(text)
+    assert (batch.name, batch.default, batch.preempt_mode, batch.grace_time_s) == ("batch", True, "REQUEUE", 30)
+    assert (urgent.name, urgent.default, urgent.preempt_mode, urgent.grace_time_s) == ("urgent", False, "OFF", 0)
+
+
+def test_negative_grace_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(TestbedError, match=r"testbed\.preempt_grace_s"):
+        Testbed(tmp_path).up(settings=conf.Settings(preempt_grace_s=-1))
