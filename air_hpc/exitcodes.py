@@ -13,6 +13,8 @@ resilience code import them from here; nothing else may hard-code them.
 - ``UNHEALTHY``: the pre-flight health check failed on a node; requeue-worthy
   with that node excluded.
 - ``UNREACHABLE``: the Slurm controller did not answer within the retries.
+- ``CRASH_LOOP``: ``resilience.max_no_progress_restarts`` restarts in a row saved no
+  new checkpoint; never requeued, whatever the restart budget.
 """
 
 from enum import IntEnum
@@ -26,6 +28,7 @@ class ExitCode(IntEnum):
     REQUEUE = 85
     HUNG = 86
     UNHEALTHY = 87
+    CRASH_LOOP = 88
 
 
 REQUEUE_WORTHY: frozenset[ExitCode] = frozenset({ExitCode.REQUEUE, ExitCode.HUNG, ExitCode.UNHEALTHY})

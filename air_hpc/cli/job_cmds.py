@@ -179,6 +179,8 @@ def _summary(status: Any) -> str:
         lines.append(f"exit     {status.job.exit_code}")
     if status.bad_nodes:
         lines.append(f"bad      {','.join(status.bad_nodes)}")
+    if status.stopped_because:
+        lines.append(f"stopped  {status.stopped_because}")
     return "\n".join(lines)
 
 

@@ -18,7 +18,7 @@ from air_hpc.health.badnodes import read_bad_nodes
 from air_hpc.launch.runs import SubmissionRecord, latest_submission
 from air_hpc.observe.live import LiveView, change_key, last_event, live_panel, plain_line
 from air_hpc.observe.progress import RunProgress, run_progress
-from air_hpc.observe.records import load_records
+from air_hpc.observe.records import load_records, stop_reason
 from air_hpc.render.spec import batch_log_paths
 from air_hpc.rundir import RunDir
 from air_hpc.slurm.client import SlurmClient
@@ -35,6 +35,8 @@ class RunStatus:
     job: JobStatus
     progress: RunProgress | None
     bad_nodes: tuple[str, ...]
+    stopped_because: str | None = None
+    """Why the run stopped on its own instead of requeueing (a crash loop), from its events."""
 
     @property
     def restarts(self) -> int:
@@ -49,6 +51,7 @@ class RunStatus:
             "restarts": self.restarts,
             "progress": self.progress.to_json() if self.progress else None,
             "bad_nodes": list(self.bad_nodes),
+            "stopped_because": self.stopped_because,
         }
 
 
@@ -90,8 +93,9 @@ def run_status(run_dir: RunDir, client: SlurmClient) -> RunStatus:
         if found is None:
             raise UserError(f"job {record.job_id} of run {run_dir.path}: neither squeue nor sacct knows it")
         job = found
-    progress = run_progress(load_records(run_dir), time.time())
-    return RunStatus(run_dir, record, job, progress, read_bad_nodes(run_dir.bad_nodes))
+    records = load_records(run_dir)
+    progress = run_progress(records, time.time())
+    return RunStatus(run_dir, record, job, progress, read_bad_nodes(run_dir.bad_nodes), stop_reason(records))
 
 
 @dataclass(frozen=True)

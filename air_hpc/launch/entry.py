@@ -91,6 +91,7 @@ class TrainingEntry(submitit.helpers.Checkpointable):
         trainer.validate(job)
         env = current_dist_env(os.environ)
         metrics.warn_once_per_job(env.rank)
+        _stop_a_crash_loop(job.resilience.max_no_progress_restarts, run_dir, env.rank)
         handler = metrics.setup_rank_logging(run_dir.rank_log(env.rank), env.rank)
         try:
             log.info("rank %d of %d on %s (local rank %d)", env.rank, env.world_size, env.hostname, env.local_rank)
@@ -137,6 +138,22 @@ class TrainingEntry(submitit.helpers.Checkpointable):
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         """Requeue as a fresh entry on the same run directory; the trainer resumes from its checkpoints."""
         return submitit.helpers.DelayedSubmission(TrainingEntry(self.run_dir))
+
+
+def _stop_a_crash_loop(limit: int, run_dir: RunDir, rank: int) -> None:
+    """Raise CrashLoopError (on every rank alike) when ``limit`` restarts in a row saved nothing."""
+    from air_hpc.health.heartbeat import generation
+    from air_hpc.resilience.events import EventLog, read_events
+    from air_hpc.resilience.progress import CRASH_LOOP_KIND, CrashLoopError, check_progress
+
+    current = generation(os.environ)
+    why = check_progress(read_events(run_dir.events), current, limit)
+    if why is None:
+        return
+    if rank == 0:
+        EventLog(run_dir.events).emit(CRASH_LOOP_KIND, generation=current, why=why)
+    record_verdict(run_dir, os.environ, ExitCode.CRASH_LOOP)
+    raise CrashLoopError(why)
 
 
 def _requeue_through_submitit(rank: int) -> None:

@@ -17,6 +17,10 @@ PREEMPT_KINDS = frozenset({"signal", "preempt", "preempted", "stop", "stop_reque
 #: Event kinds that end a start because a node failed.
 FAULT_KINDS = frozenset({"hang", "unhealthy"})
 CHECKPOINT_KIND = "checkpoint_saved"
+#: The choice of ``checkpoint.interval_steps: auto`` (air_hpc.resilience.interval).
+INTERVAL_KIND = "checkpoint_interval"
+#: The event of a run that stopped itself instead of requeueing again (air_hpc.resilience.progress).
+CRASH_LOOP_KIND = "crash_loop"
 RESUME_KIND = "resume"
 #: A node whose ranks were consistently busier per step than the others (``air_hpc.health.stragglers``).
 STRAGGLER_KIND = "straggler"
@@ -140,3 +144,18 @@ def load_records(run_dir: RunDir) -> RunRecords:
         gpus=gpus,
         usd_per_gpu_hour=price,
     )
+
+
+def stop_reason(records: RunRecords) -> str | None:
+    """Why the run stopped itself instead of requeueing (its last ``crash_loop`` event), or None."""
+    stops = records.of_kind(CRASH_LOOP_KIND)
+    why = stops[-1].fields.get("why") if stops else None
+    return f"crash loop: {why}" if isinstance(why, str) else None
+
+
+def longest_sync_save_s(events: tuple[Event, ...]) -> float | None:
+    """The longest synchronous save (what a preemption's save costs), or None before one was measured."""
+    seconds = [
+        s for e in events if e.kind == CHECKPOINT_KIND and e.fields.get("async") is False and (s := e.number("seconds"))
+    ]
+    return max(seconds, default=None)

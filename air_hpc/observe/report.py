@@ -27,12 +27,14 @@ from dataclasses import asdict, dataclass
 from air_hpc.observe.records import (
     CHECKPOINT_KIND,
     FAULT_KINDS,
+    INTERVAL_KIND,
     PREEMPT_KINDS,
     RESUME_KIND,
     STARTUP_KIND,
     STRAGGLER_KIND,
     RunRecords,
     StepRecord,
+    stop_reason,
 )
 
 
@@ -104,6 +106,19 @@ class StragglerSeen:
 
 
 @dataclass(frozen=True)
+class AutoInterval:
+    """``checkpoint.interval_steps: auto``: the last choice, and the loss it expected against the loss measured."""
+
+    steps: int
+    save_cost_s: float
+    mtbf_h: float
+    expected_waste: float
+    """Fraction of wall time the model expects lost to saves and redone work."""
+    measured_waste: float | None
+    """Training's wait for saves plus the work lost to restarts, over wall time."""
+
+
+@dataclass(frozen=True)
 class RunReport:
     first_start_s: float
     last_activity_s: float
@@ -122,6 +137,9 @@ class RunReport:
     stragglers: tuple[StragglerSeen, ...] = ()
     starts_to_first_step_s: tuple[float, ...] = ()
     """Each start's process creation to first step (its slowest rank, ``startup`` events), in order."""
+    stopped_because: str | None = None
+    """Why the run stopped itself instead of requeueing (a crash loop)."""
+    auto_interval: AutoInterval | None = None
 
     @property
     def lost_s(self) -> float:
@@ -249,7 +267,20 @@ def build_report(records: RunRecords) -> RunReport | None:
         starts_to_first_step_s=tuple(
             s for e in records.of_kind(STARTUP_KIND) if (s := e.number("to_first_step_s")) is not None
         ),
+        stopped_because=stop_reason(records),
+        auto_interval=_auto_interval(records, breakdown.checkpoint_stall_s + breakdown.lost_work_s, wall),
     )
+
+
+def _auto_interval(records: RunRecords, wasted_s: float, wall_s: float) -> AutoInterval | None:
+    choices = records.of_kind(INTERVAL_KIND)
+    if not choices:
+        return None
+    last = choices[-1]
+    steps, cost, mtbf, expected = (last.number(k) for k in ("steps", "save_cost_s", "mtbf_h", "expected_waste"))
+    if steps is None or cost is None or mtbf is None or expected is None:
+        return None
+    return AutoInterval(int(steps), cost, mtbf, expected, wasted_s / wall_s if wall_s > 0 else None)
 
 
 def _cost(records: RunRecords, starts: list[float], last: float, breakdown: TimeBreakdown) -> Cost:
@@ -334,6 +365,16 @@ def format_report(report: RunReport) -> str:
         f"{_share(report.checkpoint_stall_s, report.wall_s)}, writing took {report.checkpoint_write_s:.2f} s"
     )
     lines.append(_format_cost(report.cost))
+    auto = report.auto_interval
+    if auto is not None:
+        measured = f"{100 * auto.measured_waste:.1f}%" if auto.measured_waste is not None else "n/a"
+        lines.append(
+            f"interval     auto: every {auto.steps} step(s) for a {auto.save_cost_s:.2f} s save and MTBF "
+            f"{auto.mtbf_h:g} h; loss to saves and redone work expected {100 * auto.expected_waste:.1f}%, "
+            f"measured {measured}"
+        )
+    if report.stopped_because:
+        lines.append(f"stopped      {report.stopped_because}")
     return "\n".join(lines)
 
 

@@ -128,6 +128,7 @@ class SbatchSpec:
             "heartbeat_name": RunDir(self.run_dir).heartbeat.name,
             "exit_code_file": EXIT_CODE_FILE,
             "exit_hung": int(ExitCode.HUNG),
+            "exit_crash_loop": int(ExitCode.CRASH_LOOP),
             "backstop_poll_s": max(1, min(60, (self.hang_backstop_s or 0) // 10)),
         }
 

@@ -29,6 +29,9 @@ exec "$@"
 """
 SCONTROL = """#!/bin/bash
 case "$1" in
+    --version) echo "slurm ${STUB_SLURM_VERSION:-22.05.8}" ;;
+    --oneliner) echo "JobId=$4 JobState=RUNNING PreemptEligibleTime=2026-12-03T07:12:18 \\
+PreemptTime=${STUB_PREEMPT_TIME:-None} EndTime=${STUB_END_TIME:-2026-12-03T08:12:18} Restarts=0" ;;
     show) echo n7; echo n8 ;;
     requeue) echo "$2" >>"$STUB_LOG/requeued" ;;
     *) exit 1 ;;
@@ -79,6 +82,7 @@ def requeued(tmp_path: Path) -> list[str]:
         (ExitCode.OK, None, False),
         (ExitCode.FAILURE, None, False),
         (ExitCode.USAGE, 0, False),
+        (ExitCode.CRASH_LOOP, None, False),
         *[(c, None, True) for c in sorted(REQUEUE_WORTHY)],
         (ExitCode.REQUEUE, 2, True),
         (ExitCode.REQUEUE, 3, False),
@@ -142,3 +146,45 @@ def test_rank_order_reaches_srun(tmp_path: Path, stubs: Path) -> None:
     )
     assert result.stdout.split() == ["n8", "n8", "n7", "n7", "master=n8"]
     assert "--distribution=arbitrary" in (tmp_path / "srun").read_text()
+
+
+def events_of(tmp_path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize(
+    ("version", "restarts", "expect_requeue"),
+    [("22.05.8", None, True), ("23.11.10", 3, True), ("24.11.5", None, False), ("25.05.0", 3, False)],
+)
+def test_slurm_preemption_is_requeued_once(
+    tmp_path: Path, stubs: Path, version: str, restarts: int | None, expect_requeue: bool
+) -> None:
+    """Before 24.05 Slurm does not requeue a preempted job that ended within GraceTime: the script does, whatever
+    the restart budget; from 24.05 Slurm does, and the script must not requeue it a second time."""
+    script = write_script(tmp_path, ["bash", "-c", f"exit {int(ExitCode.REQUEUE)}"])
+    now = time.time()
+    env = {
+        **environ(tmp_path, stubs, restarts),
+        "STUB_SLURM_VERSION": version,
+        "STUB_PREEMPT_TIME": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now - 4)),
+        "STUB_END_TIME": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now + 26)),
+    }
+    result = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert result.returncode == ExitCode.REQUEUE, result.stderr
+    assert requeued(tmp_path) == (["4242"] if expect_requeue else [])
+    (event,) = events_of(tmp_path)
+    assert event["kind"] == "preempted" and event["requeue_by"] == ("batch" if expect_requeue else "slurm")
+    assert event["grace_s"] == 30 and event["fit"] is True and 3 <= int(str(event["ended_after_s"])) <= 6
+
+
+def test_a_save_past_the_grace_time_is_reported(tmp_path: Path, stubs: Path) -> None:
+    script = write_script(tmp_path, ["bash", "-c", f"exit {int(ExitCode.REQUEUE)}"])
+    now = time.time()
+    env = {
+        **environ(tmp_path, stubs, None),
+        "STUB_PREEMPT_TIME": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now - 40)),
+        "STUB_END_TIME": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now - 10)),
+    }
+    subprocess.run(["bash", str(script)], env=env, capture_output=True, check=False)
+    (event,) = events_of(tmp_path)
+    assert event["kind"] == "preempted" and event["fit"] is False and event["grace_s"] == 30
