@@ -7,9 +7,10 @@ key they concern, so the CLI can print one line before anything is submitted.
 """
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from air_hpc.config.layout import ParallelLayout
 
@@ -138,7 +139,10 @@ class DataConfig(Section):
 
 
 class CheckpointConfig(Section):
-    interval_steps: int = Field(ge=1, description="Steps between periodic checkpoints.")
+    interval_steps: int | Literal["auto"] = Field(
+        description="Steps between periodic checkpoints; auto: the Young/Daly interval from the measured save cost "
+        "and resilience.mtbf_h."
+    )
     keep_last: int = Field(3, ge=1, description="Keep the newest K complete checkpoints.")
     keep_every: int = Field(0, ge=0, description="Also keep every M-th step's checkpoint (0: none).")
     async_save: bool = Field(True, description="Write periodic checkpoints in the background.")
@@ -158,6 +162,20 @@ class CheckpointConfig(Section):
         "start; the failing checkpoints are kept either way).",
     )
 
+    @field_validator("interval_steps", mode="before")
+    @classmethod
+    def _steps_or_auto(cls, value: Any) -> int | str:
+        """One message for both spellings (a union would report each alternative's error)."""
+        if value == "auto":
+            return "auto"
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
+        if isinstance(value, str) and value.strip().isdigit() and int(value) >= 1:
+            return int(value)
+        raise PydanticCustomError(
+            "steps_or_auto", "expected a whole number of steps >= 1 or auto, got {value}", {"value": repr(value)}
+        )
+
 
 class ResilienceConfig(Section):
     signal: SignalName = Field(
@@ -167,6 +185,17 @@ class ResilienceConfig(Section):
     max_restarts: int = Field(3, ge=0, description="Requeues allowed (compared with SLURM_RESTART_COUNT).")
     time_margin_s: int = Field(
         60, ge=0, description="Stop and checkpoint this long before the time limit, even without a signal."
+    )
+    mtbf_h: float | None = Field(
+        None,
+        gt=0,
+        description="Mean time between failures of this job's nodes, in hours, for checkpoint.interval_steps: auto.",
+    )
+    max_no_progress_restarts: int = Field(
+        3,
+        ge=1,
+        description="Stop (exit code CRASH_LOOP, never requeued) after this many restarts in a row that saved "
+        "no new checkpoint.",
     )
 
 
@@ -370,6 +399,13 @@ def _cross_field_problems(job: JobConfig) -> list[tuple[str, str]]:
                 "parallel.tp",
                 f"tp = {p.tp} is larger than the {r.tasks_per_node * hw.nvlink_domain_nodes} ranks "
                 f"of one NVLink domain; TP groups must not cross it",
+            )
+        )
+    if job.checkpoint.interval_steps == "auto" and job.resilience.mtbf_h is None:
+        problems.append(
+            (
+                "checkpoint.interval_steps",
+                "auto needs resilience.mtbf_h (the mean time between failures of this job's nodes, in hours)",
             )
         )
     if job.resilience.signal_lead_s >= r.time_limit_min * 60:

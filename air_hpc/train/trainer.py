@@ -77,6 +77,7 @@ def train(
     """
     from air_hpc.resilience.checkpointer import Checkpointer
     from air_hpc.resilience.events import EventLog
+    from air_hpc.resilience.interval import INTERVAL_KIND, CheckpointSchedule
     from air_hpc.resilience.signals import Deadline, agree_stop
     from air_hpc.resilience.store import CheckpointStore
     from air_hpc.train import model as model_mod
@@ -124,6 +125,7 @@ def train(
     deadline = Deadline.from_env(
         job.resources.time_limit_min, job.resilience.time_margin_s, submissions=run_dir.submissions
     )
+    schedule = CheckpointSchedule(job.checkpoint.interval_steps, job.resilience.mtbf_h)
     loss = math.nan
     watch = _straggler_watch(job, run_dir, ctx, events)
     _mark(clock, "data")
@@ -195,8 +197,12 @@ def train(
                 save(step, sync=True, reason=reason, supersede=True)
                 checkpoints.close()
                 return RunSummary(first_step, step, loss, ExitCode.REQUEUE, reason)
-            if step % job.checkpoint.interval_steps == 0 and step < t.steps:
+            if schedule.due(step, result.step_time_s) and step < t.steps:
+                began = time.perf_counter()
                 save(step, sync=False, reason="interval")
+                choice = schedule.saved(step, time.perf_counter() - began)
+                if choice is not None and ctx.rank == 0:
+                    events.emit(INTERVAL_KIND, step=step, **choice.to_event())
         if first_step <= t.steps:
             save(t.steps, sync=True, reason="final")
         checkpoints.close()
