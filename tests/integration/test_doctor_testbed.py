@@ -49,8 +49,9 @@ def test_doctor_on_the_testbed(testbed: Any) -> None:
     assert data["slurm"]["version"].startswith("22.05") and data["slurm"]["topology_plugin"] == "topology/tree"
     assert data["accounting"]["available"] and data["topology"]["file"] == str(testbed.topology_conf)
     assert data["topology"]["leaves"] == 3
-    [debug] = data["partitions"]
-    assert (debug["name"], debug["total_nodes"], debug["max_gpus_per_node"]) == ("debug", 8, 0)
+    batch, urgent = data["partitions"]
+    assert (batch["name"], batch["total_nodes"], batch["max_gpus_per_node"]) == ("batch", 8, 0)
+    assert (urgent["name"], urgent["total_nodes"]) == ("urgent", 8)
 
     code, out = invoke(
         ["doctor", str(TESTBED_JOB), *sets(f"cluster.topology_file={testbed.topology_conf}")], testbed.client
@@ -61,9 +62,9 @@ def test_doctor_on_the_testbed(testbed: Any) -> None:
         ["doctor", str(TESTBED_JOB), *sets(*GPU_JOB, "resources.nodes=9", "train.global_batch_size=36")], testbed.client
     )
     assert code == 1
-    assert "error    resources.nodes: 9 nodes but partition debug has 8" in out
+    assert "error    resources.nodes: 9 nodes but partition batch has 8" in out
     assert (
-        "error    hardware.gpus_per_node: hardware h100-sxm uses 8 GPUs per node but partition debug has no GPU" in out
+        "error    hardware.gpus_per_node: hardware h100-sxm uses 8 GPUs per node but partition batch has no GPU" in out
     )
 
 
@@ -76,7 +77,7 @@ def test_cluster_init_on_the_testbed_drafts_a_profile_a_job_can_use(testbed: Any
     job_file.write_text(TESTBED_JOB.read_text().replace("cluster: testbed", "cluster: mine"))
     job = load_job(job_file)
     assert (job.cluster.partition, job.cluster.account, job.cluster.topology_file) == (
-        "debug",
+        "batch",
         "root",
         testbed.topology_conf,
     )

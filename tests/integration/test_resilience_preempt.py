@@ -21,6 +21,8 @@ import pytest
 from air_hpc.config.load import load_job
 from air_hpc.exitcodes import ExitCode
 from air_hpc.launch.submit import submit as submit_slurm
+from air_hpc.observe.records import load_records
+from air_hpc.observe.report import build_report, format_report
 from air_hpc.resilience.events import read_events
 from air_hpc.rundir import RunDir, read_jsonl
 from air_hpc.train import data
@@ -209,7 +211,7 @@ def test_testbed_job_preempted_by_slurm_saves_in_grace_requeues_once_and_matches
 
 
 #: On the first start every rank takes 4 s longer per step (sitecustomize on the job's PYTHONPATH), so the
-#: run cannot finish within its one-minute time limit; later starts train at full speed.
+#: run cannot finish within its two-minute time limit; later starts train at full speed.
 SLOW_FIRST_START = """
 import os, sys, threading, time
 
@@ -233,8 +235,9 @@ if os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
 def test_testbed_job_at_its_time_limit_gets_the_signal_saves_requeues_and_matches(
     testbed: Any, corpus: Path, reference: RunDir, tmp_path: Path
 ) -> None:
-    """--time=1 with --signal=B:USR2@20: Slurm signals the batch shell before the limit, the ranks save, the
-    batch script requeues (this is not Slurm's preemption), and the run ends like the uninterrupted one."""
+    """--time=2 with --signal=B:USR2@20: Slurm signals the batch shell 20 to 50 s before the limit (it checks
+    every 30 s), the ranks save, the batch script requeues (this is not Slurm's preemption), and the run ends
+    like the uninterrupted one."""
     inject = tmp_path / "inject"
     inject.mkdir()
     (inject / "sitecustomize.py").write_text(SLOW_FIRST_START)
@@ -243,15 +246,16 @@ def test_testbed_job_at_its_time_limit_gets_the_signal_saves_requeues_and_matche
         [
             *job_overrides(tmp_path, corpus, "time-limit"),
             f"cluster.topology_file={testbed.topology_conf}",
-            "resources.time_limit_min=1",
+            "resources.time_limit_min=2",
             "resilience.signal_lead_s=20",
+            "resilience.max_restarts=5",
             "resilience.time_margin_s=0",
             f"env.PYTHONPATH={inject}:{REPO}",
         ],
     )
     done = submit_slurm(job, "slurm", testbed.client)
     run_dir = RunDir(done.run_dir)
-    state = testbed.wait_job(done.job_id, timeout_s=400)
+    state = testbed.wait_job(done.job_id, timeout_s=600)
     assert state == "COMPLETED", "\n".join(p.read_text()[-1500:] for p in sorted(run_dir.logs.glob("*")))
     signals = kinds(run_dir, "signal")
     assert signals and [e["signal"] for e in signals] == ["SIGUSR2"] * len(signals)
@@ -260,3 +264,31 @@ def test_testbed_job_at_its_time_limit_gets_the_signal_saves_requeues_and_matche
     assert len(kinds(run_dir, "requeue")) == len(signals) and kinds(run_dir, "preempted") == []
     starts = [r for r in read_jsonl(run_dir.submissions) if r.get("event") == "started"]
     assert [r["restart_count"] for r in starts] == list(range(len(signals) + 1))
+
+
+def test_auto_interval_checkpoints_on_its_chosen_steps_and_trains_like_a_fixed_one(
+    corpus: Path, reference: RunDir, tmp_path: Path
+) -> None:
+    """checkpoint.interval_steps: auto measures the save at step 1, picks Daly's interval for MTBF 36 s, saves on
+    that schedule, logs the choice, and the report compares the expected and the measured loss."""
+    overrides = [*job_overrides(tmp_path, corpus, "auto"), "checkpoint.interval_steps=auto", "resilience.mtbf_h=0.01"]
+    run_dir, handle = submit_local(load_job(REPO / "configs/jobs/gpt-tiny-local.yaml", overrides), 10)
+    assert [r.exit_code for r in handle.results()] == [ExitCode.OK] * 4
+    losses = [(r["step"], r["loss"]) for r in read_metrics(run_dir.metrics)]
+    assert losses == [(r["step"], r["loss"]) for r in read_metrics(reference.metrics)]
+    assert shard_hashes(run_dir, STEPS) == shard_hashes(reference, STEPS)
+    choices = kinds(run_dir, "checkpoint_interval")
+    assert choices and choices[0]["step"] == 1 and all(c["steps"] >= 1 and c["mtbf_h"] == 0.01 for c in choices)
+    saved = [e["step"] for e in kinds(run_dir, "checkpoint_saved") if e["reason"] == "interval"]
+    expected, last, choice = [1], 1, choices[0]["steps"]
+    for step in range(2, STEPS):
+        choice = next((c["steps"] for c in reversed(choices) if c["step"] <= last), choice)
+        if step - last >= choice:
+            expected.append(step)
+            last = step
+    assert saved == expected
+    report = build_report(load_records(run_dir))
+    assert report is not None and report.auto_interval is not None
+    assert report.auto_interval.expected_waste == choices[-1]["expected_waste"]
+    line = next(x for x in format_report(report).splitlines() if x.startswith("interval     auto"))
+    print(line)

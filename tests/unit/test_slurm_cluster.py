@@ -148,7 +148,7 @@ def test_topology_counts_leaves() -> None:
 def test_probe_keeps_going_without_accounting() -> None:
     facts = probe_cluster(FakeSlurm(cluster=recorded("testbed", accounts=())), "alice")
     assert not facts.accounting.available or facts.accounting.default_account is None
-    assert facts.partition(None) is not None and facts.partition(None).name == "debug"  # type: ignore[union-attr]
+    assert facts.partition(None) is not None and facts.partition(None).name == "batch"  # type: ignore[union-attr]
 
 
 def test_a_fitting_job_has_no_findings() -> None:
@@ -179,13 +179,13 @@ def test_what_the_cluster_cannot_honour() -> None:
     assert found["resources.time_limit_min"] == "300 min is over partition gpu's MaxTime of 240 min"
     found = _keys((*GPU_JOB, "cluster.partition=gpus"))
     assert "partition 'gpus' does not exist; did you mean 'gpu'?" in found["cluster.partition"]
-    found = _keys((*GPU_JOB, "cluster.partition=debug"), kind="testbed")
+    found = _keys((*GPU_JOB, "cluster.partition=batch"), kind="testbed")
     assert "has no GPU gres" in found["hardware.gpus_per_node"]
     found = _keys(("resources.cpus_per_task=3", "resources.mem_gb=5"), kind="testbed")
     assert found["resources.cpus_per_task"].endswith(
-        "2 x cpus_per_task 3 = 6 CPUs per node; partition debug's largest node has 4"
+        "2 x cpus_per_task 3 = 6 CPUs per node; partition batch's largest node has 4"
     )
-    assert found["resources.mem_gb"] == "5 GiB per node; partition debug's largest node has 4096 MB"
+    assert found["resources.mem_gb"] == "5 GiB per node; partition batch's largest node has 4096 MB"
     found = _keys(("cluster.account=physics",), kind="testbed")
     assert found["cluster.account"] == "'physics' is not one of root's accounts (root)"
 
@@ -294,7 +294,7 @@ def test_cluster_init_refuses_to_overwrite(tmp_path: Path, capsys: pytest.Captur
     assert capsys.readouterr().err == f"error: {target}: already exists; review it, or pass --force to replace it\n"
     assert target.read_text() == "partition: keep\n"
     code, _ = run_cli(["cluster", "init", "x", "-o", str(target), "--force"], FakeSlurm(cluster=recorded("testbed")))
-    assert code == 0 and "partition: debug" in target.read_text()
+    assert code == 0 and "partition: batch" in target.read_text()
 
 
 def test_cluster_init_finds_the_topology_file_beside_slurm_conf(tmp_path: Path) -> None:

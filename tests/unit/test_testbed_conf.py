@@ -93,7 +93,7 @@ def test_the_testbed_partitions_as_slurm_reports_them() -> None:
     """Real ``scontrol --oneliner show partition`` of a testbed: batch (default, REQUEUE, 30 s grace) and urgent."""
     from air_hpc.slurm.cluster import parse_partitions
 
-    text = (Path(__file__).resolve().parents[1] / "data" / "scontrol-show-partition.txt").read_text()
+    text = (Path(__file__).resolve().parents[1] / "data" / "slurm" / "testbed-partitions.txt").read_text()
     batch, urgent = parse_partitions(text)
     assert (batch.name, batch.default, batch.preempt_mode, batch.grace_time_s) == ("batch", True, "REQUEUE", 30)
     assert (urgent.name, urgent.default, urgent.preempt_mode, urgent.grace_time_s) == ("urgent", False, "OFF", 0)
