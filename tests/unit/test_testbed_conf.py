@@ -102,3 +102,15 @@ def test_the_testbed_partitions_as_slurm_reports_them() -> None:
 def test_negative_grace_is_refused(tmp_path: Path) -> None:
     with pytest.raises(TestbedError, match=r"testbed\.preempt_grace_s"):
         Testbed(tmp_path).up(settings=conf.Settings(preempt_grace_s=-1))
+
+
+def test_negative_grace_on_the_command_line_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from air_hpc.cli.main import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["testbed", "up", "--state-dir", str(tmp_path), "--preempt-grace-s", "-1"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--preempt-grace-s" in err and "-1" in err and "Traceback" not in err
