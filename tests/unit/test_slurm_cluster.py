@@ -328,8 +328,8 @@ def test_exit_codes_slurm_acts_on_too() -> None:
 @pytest.mark.parametrize(
     ("topology", "severity", "message"),
     [
-        ("SwitchName=s1 Nodes=n[1-10]\n", "warning", "2 of its nodes are not in partition debug (n[9-10])"),
-        ("SwitchName=s1 Nodes=m[1-8]\n", "error", "only 0 of its 8 nodes are in partition debug (2 needed)"),
+        ("SwitchName=s1 Nodes=n[1-10]\n", "warning", "2 of its nodes are not in partition batch (n[9-10])"),
+        ("SwitchName=s1 Nodes=m[1-8]\n", "error", "only 0 of its 8 nodes are in partition batch (2 needed)"),
         ("SwitchName=s1 Nodes=n[1-2]\nSwitchName=s1 Nodes=n[3-4]\n", "error", "s1"),
     ],
 )
