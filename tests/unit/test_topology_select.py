@@ -1,11 +1,13 @@
 """Node selection: exact choices on small trees, errors, and properties on random fabrics."""
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from air_hpc.errors import TopologyError
-from air_hpc.topology.fabric import SwitchSpec, build_fabric
+from air_hpc.topology.fabric import Fabric, SwitchSpec, build_fabric
 from air_hpc.topology.select import min_leaves, select_nodes
 from air_hpc.topology.synthetic import fat_tree
 
@@ -166,3 +168,47 @@ def test_unbalanced_tree_counts_switches_by_their_level() -> None:
     assert sel.top_switch == "core"
     assert sel.switches_by_level == (2, 1, 1)
     assert select_nodes(fabric, {"b1", "c1"}, 2).switches_by_level == (2, 0, 1)
+
+
+@st.composite
+def random_fabric(draw: st.DrawFn) -> tuple[Fabric, set[str], int]:
+    leaves = draw(st.lists(st.integers(1, 5), min_size=1, max_size=9))
+    per_spine = draw(st.one_of(st.none(), st.integers(1, 4)))
+    fabric = fat_tree(leaves, leaves_per_spine=per_spine)
+    available = {n for n in fabric.nodes if draw(st.booleans())} or {fabric.nodes[0]}
+    return fabric, available, draw(st.integers(1, len(available)))
+
+
+def _brute_force(fabric: Fabric, available: set[str], count: int) -> tuple[int, int, int] | None:
+    """(height of the lowest common switch, spines, leaves) minimised over every subset of leaves."""
+    free = {leaf: sum(n in available for n in fabric.switches[leaf].nodes) for leaf in fabric.leaves}
+    best = None
+    for size in range(1, len(fabric.leaves) + 1):
+        for group in itertools.combinations([leaf for leaf in fabric.leaves if free[leaf]], size):
+            if sum(free[leaf] for leaf in group) < count:
+                continue
+            shared = set(fabric.ancestors(group[0])).intersection(*(fabric.ancestors(x) for x in group[1:]))
+            if not shared:
+                continue
+            height = min(fabric.switches[s].level for s in shared)
+            spines = len({fabric.switches[leaf].parent for leaf in group}) if size > 1 else 0
+            key = (height, spines, size)
+            best = key if best is None or key < best else best
+    return best
+
+
+@settings(max_examples=400, deadline=None)
+@given(random_fabric())
+def test_tree_selection_is_the_exact_optimum(case: tuple[Fabric, set[str], int]) -> None:
+    fabric, available, count = case
+    expected = _brute_force(fabric, available, count)
+    try:
+        sel = select_nodes(fabric, available, count)
+    except TopologyError:
+        assert expected is None
+        return
+    leaves = sel.leaves
+    height = fabric.switches[sel.top_switch].level
+    spines = len({fabric.switches[leaf].parent for leaf in leaves}) if len(leaves) > 1 else 0
+    assert (height, spines, len(leaves)) == expected
+    assert set(sel.nodes) <= available and len(set(sel.nodes)) == count
