@@ -1,6 +1,7 @@
 """CLI exit codes and the error boundary, through click's runner and a real subprocess."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +74,25 @@ def test_every_registered_command_imports_without_torch() -> None:
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_readme_exit_code_table_is_exitcodes_py() -> None:
+    from air_hpc.exitcodes import ExitCode
+
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("| code | name | meaning |") :].split("\n\n")[0].splitlines()[2:]
+    rows = [tuple(cell.strip() for cell in line.strip("|").split("|")[:2]) for line in table]
+    assert rows == [(str(int(code)), code.name) for code in ExitCode]
+
+
+def test_shell_completion_script_without_torch() -> None:
+    probe = (
+        "import sys; from air_hpc.cli.main import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron')]\n"
+        "sys.exit(1 if bad else 0)"
+    )
+    env = {**os.environ, "_AIR_HPC_COMPLETE": "bash_source"}
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "_air_hpc_completion()" in result.stdout and "complete -o nosort -F _air_hpc_completion" in result.stdout
