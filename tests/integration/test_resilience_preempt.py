@@ -25,6 +25,8 @@ from air_hpc.observe.records import load_records
 from air_hpc.observe.report import build_report, format_report
 from air_hpc.resilience.events import read_events
 from air_hpc.rundir import RunDir, read_jsonl
+from air_hpc.testbed import Testbed
+from air_hpc.testbed.conf import Settings
 from air_hpc.train import data
 from air_hpc.train.metrics import read_metrics
 from tests.integration.local_run import submit_local
@@ -292,3 +294,33 @@ def test_auto_interval_checkpoints_on_its_chosen_steps_and_trains_like_a_fixed_o
     assert report.auto_interval.expected_waste == choices[-1]["expected_waste"]
     line = next(x for x in format_report(report).splitlines() if x.startswith("interval     auto"))
     print(line)
+
+
+def test_preemption_with_the_user_signal_reaches_the_batch_shell_and_requeues_once(
+    corpus: Path, reference: RunDir, tmp_path: Path
+) -> None:
+    """A cluster with SlurmctldParameters=preempt_send_user_signal (a testbed of its own) sends the job's
+    --signal (USR2, to the batch shell) instead of SIGTERM to the step: the same save, the same single requeue."""
+    bed = Testbed(tmp_path / "testbed")
+    bed.up((2,), settings=Settings(preempt_send_user_signal=True))
+    try:
+        client = bed.client()
+        job = load_job(
+            REPO / "configs/jobs/gpt-tiny-testbed.yaml",
+            [*job_overrides(tmp_path, corpus, "user-signal"), f"cluster.topology_file={bed.layout.topology_conf}"],
+        )
+        done = submit_slurm(job, "slurm", client)
+        run_dir = RunDir(done.run_dir)
+        wait_for("step 2", lambda: last_step(run_dir) >= 2, timeout_s=300)
+        client.run(["sbatch", "--partition=urgent", "--nodes=2", "--exclusive", "--output=/dev/null", "--wrap=true"])
+        assert wait_ended(client, done.job_id, timeout_s=400).state.succeeded
+        signals = kinds(run_dir, "signal")
+        assert [e["signal"] for e in signals] == ["SIGUSR2"]
+        check_like_reference(run_dir, reference, [signals[0]["time"]])
+        assert [e["signal"] for e in kinds(run_dir, "stop")] == ["SIGUSR2"]
+        (preempted,) = kinds(run_dir, "preempted")
+        assert preempted["fit"] is True and kinds(run_dir, "requeue") == []
+        starts = [r for r in read_jsonl(run_dir.submissions) if r.get("event") == "started"]
+        assert [r["restart_count"] for r in starts] == [0, 1]
+    finally:
+        bed.down()
