@@ -11,7 +11,8 @@ status/logs/report) goes through :class:`RunDir`, so the layout lives here only:
       events.jsonl       signal / checkpoint / requeue / resume / hang / health events
       bad_nodes.txt      nodes found hung or unhealthy, one per line
       logs/              per-rank logs (rank-<R>.log) and the batch script's output
-      heartbeat/         per-rank heartbeat files
+      heartbeat/         per-rank heartbeat files, per start (<job id>-<restart>/): also the ranks'
+                         "armed-<rank>" (stop handler installed) and the batch shell's "stop_requested"
       checkpoints/       step_0000123/ directories and the `latest` pointer
       owner.json         the one job that may write here (taken at submit, checked by every rank)
       .owner.lock        flock held while the owner is checked and replaced
@@ -28,6 +29,12 @@ from air_hpc.config.load import validate_json
 from air_hpc.config.models import JobConfig
 
 log = logging.getLogger(__name__)
+
+#: In a start's heartbeat directory: a rank touches ``armed-<rank>`` once its stop handler is
+#: installed; the batch shell forwards a stop signal only when every rank is armed, and touches
+#: ``stop_requested`` first so that a rank arming later still sees the stop.
+ARMED_FILE_PREFIX = "armed-"
+STOP_REQUESTED_FILE = "stop_requested"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from air_hpc.errors import AirHpcError
 from air_hpc.exitcodes import ExitCode
+from air_hpc.resilience.signals import hold_stop_signals
 
 
 def main(argv: list[str]) -> int:
@@ -42,4 +43,5 @@ def exit_now(code: int) -> None:
 
 
 if __name__ == "__main__":
+    hold_stop_signals()  # first: until the trainer's handler is armed, a stop signal waits instead of killing
     exit_now(main(sys.argv[1:]))

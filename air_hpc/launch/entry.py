@@ -20,6 +20,7 @@ import submitit
 from air_hpc.errors import AirHpcError, ConfigError
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.guard import rank_guard, record_verdict
+from air_hpc.health.heartbeat import generation, generation_dir
 from air_hpc.launch.owner import fence
 from air_hpc.render.spec import master_port
 from air_hpc.rundir import RunDir
@@ -90,6 +91,7 @@ class TrainingEntry(submitit.helpers.Checkpointable):
         stop = trainer.arm_stop(job)
         trainer.validate(job)
         env = current_dist_env(os.environ)
+        stop.announce_armed(generation_dir(run_dir, generation(os.environ)), env.rank, job.resilience.signal)
         metrics.warn_once_per_job(env.rank)
         _stop_a_crash_loop(job.resilience.max_no_progress_restarts, run_dir, env.rank)
         handler = metrics.setup_rank_logging(run_dir.rank_log(env.rank), env.rank)

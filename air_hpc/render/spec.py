@@ -17,7 +17,7 @@ from air_hpc.errors import ConfigError
 from air_hpc.exitcodes import REQUEUE_WORTHY, ExitCode
 from air_hpc.health.heartbeat import EXIT_CODE_FILE
 from air_hpc.render.quoting import check_env_name, check_one_line, slurm_filename
-from air_hpc.rundir import RunDir
+from air_hpc.rundir import ARMED_FILE_PREFIX, STOP_REQUESTED_FILE, RunDir
 
 #: Batch script output names under the run's logs/ (``%j``: the job id, stable across requeues).
 BATCH_STDOUT = "slurm-%j.out"
@@ -127,6 +127,8 @@ class SbatchSpec:
             "events_name": RunDir(self.run_dir).events.name,
             "heartbeat_name": RunDir(self.run_dir).heartbeat.name,
             "exit_code_file": EXIT_CODE_FILE,
+            "armed_prefix": ARMED_FILE_PREFIX,
+            "stop_requested_file": STOP_REQUESTED_FILE,
             "exit_hung": int(ExitCode.HUNG),
             "exit_crash_loop": int(ExitCode.CRASH_LOOP),
             "backstop_poll_s": max(1, min(60, (self.hang_backstop_s or 0) // 10)),

@@ -37,6 +37,20 @@ def signal_number(name: str) -> signal.Signals:
     raise ConfigError(f"resilience.signal: {name!r} is not a signal name (expected e.g. USR2 or TERM)")
 
 
+#: Every signal that can stop a rank: the choices of ``resilience.signal`` and the trainer's SIGTERM.
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGURG)
+
+
+def hold_stop_signals() -> None:
+    """Block the stop signals from the first line of a rank until :meth:`StopRequest.install` handles them.
+
+    The batch shell may forward a stop signal the moment the step starts; with the default
+    action still in place it would kill the rank (the job ends FAILED) instead of asking it to
+    checkpoint. A blocked signal stays pending and reaches the handler once it is installed.
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+
 class StopRequest:
     """A flag set by signal handlers; read at step boundaries, never acted on inside the handler."""
 
@@ -51,6 +65,7 @@ class StopRequest:
         request = cls()
         for name in dict.fromkeys(signal_number(n) for n in signal_names):
             request._previous[name] = signal.signal(name, request._handle)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # held since start: delivered now, if pending
         log.info("stop request armed for %s", ", ".join(s.name for s in request._previous))
         return request
 
@@ -58,6 +73,21 @@ class StopRequest:
         if self._signum is None:
             self._signum = signum
             self._received_at_s = time.time()
+
+    def announce_armed(self, directory: Path, rank: int, signal_name: str) -> None:
+        """Tell the batch shell this rank handles stop signals now, then take a stop it recorded before.
+
+        The order is the protocol (see ``rundir.STOP_REQUESTED_FILE``): the shell records the stop
+        before it counts armed ranks, a rank announces before it looks for the record, so either
+        the shell forwards the signal or this rank (or a later one) finds the record.
+        """
+        from air_hpc.rundir import ARMED_FILE_PREFIX, STOP_REQUESTED_FILE  # pydantic: not before the signals are held
+
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / f"{ARMED_FILE_PREFIX}{rank}").touch()
+        if (directory / STOP_REQUESTED_FILE).exists():
+            log.warning("rank %d: a stop was requested before this rank was armed", rank)
+            self._handle(signal_number(signal_name), None)
 
     @property
     def requested(self) -> bool:

@@ -47,6 +47,9 @@ if mode == "quick" or (mode == "requeue" and restart > 0):
     sys.exit(0)
 got = []
 signal.signal(signal.SIGUSR2, lambda *_: got.append(1))
+armed = run_dir / "heartbeat" / f"{os.environ['SLURM_JOB_ID']}-{restart}"  # the batch shell forwards to armed ranks
+armed.mkdir(parents=True, exist_ok=True)
+(armed / f"armed-{rank}").touch()
 (run_dir / f"ready-{restart}-{rank}").touch()
 deadline = time.monotonic() + 120
 while time.monotonic() < deadline and not got:

@@ -7,6 +7,7 @@ resume and finish with the same losses bit for bit.
 """
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +81,49 @@ def test_gpt_tiny_on_two_nodes_survives_a_preemption_bit_for_bit(testbed: Any, t
         assert f"rank={rank} " in first and f"rank {rank} of 4 on " in first, first
         hosts.add(first.split(" of 4 on ")[1].split()[0])
     assert len(hosts) == 2, hosts
+
+
+def signal_as_it_starts(testbed: Any, submission: Submission, delay_s: float) -> float:
+    """Send USR2 to the batch shell ``delay_s`` after the job turns RUNNING; returns when it was sent."""
+    deadline = time.monotonic() + 120
+    while True:
+        status = testbed.client.job_status(submission.job_id)
+        if status is not None and status.state.name == "RUNNING":
+            break
+        assert time.monotonic() < deadline, f"job {submission.job_id} did not start: {status}"
+        time.sleep(0.02)
+    time.sleep(delay_s)
+    testbed.client.scancel(submission.job_id, signal="USR2", batch=True)
+    return time.time()
+
+
+def test_a_stop_signal_as_the_job_starts_ends_in_a_requeue_never_failed(
+    testbed: Any, tmp_path: Path, small_corpus: Path
+) -> None:
+    """The batch shell traps the signal on its first line; ranks hold it until their handler exists."""
+    delays_s = (0.0, 1.5, 8.0)  # the batch shell's first lines, ranks importing, ranks arming or armed
+    runs = []
+    for index in range(len(delays_s)):
+        job = load_job(
+            REPO / "configs/jobs/gpt-tiny-testbed.yaml",
+            [
+                f"run.root={tmp_path}",
+                f"run.name=early-{index}",
+                f"data.path={small_corpus}",
+                "resources.nodes=1",
+                "parallel.pp=1",
+                "train.steps=2",
+                "train.lr_warmup_steps=0",
+                "resilience.max_restarts=2",
+                "health.preflight=false",
+            ],
+        )
+        runs.append(submit(job, "slurm", testbed.client))
+    with ThreadPoolExecutor(len(runs)) as pool:
+        list(pool.map(lambda pair: signal_as_it_starts(testbed, *pair), zip(runs, delays_s, strict=True)))
+    for submission in runs:
+        run = RunDir(submission.run_dir)
+        assert wait_done(testbed, submission) == "COMPLETED", all_logs(run)
+        signals = [e for e in read_events(run.events) if e["kind"] == "signal"]
+        assert len(signals) == 1, all_logs(run)  # the batch shell saw the signal and forwarded it once
+        assert [r["step"] for r in read_metrics(run.metrics)][-1] == 2

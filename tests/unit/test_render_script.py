@@ -95,9 +95,18 @@ def test_exit_code_contract(tmp_path: Path, stubs: Path, code: int, restarts: in
     assert requeued(tmp_path) == (["4242"] if expect_requeue else [])
 
 
+def arm_all(tmp_path: Path) -> str:
+    """The step announcing that its 4 ranks (gpt-tiny-testbed: 2 nodes x 2 tasks) handle the stop signal."""
+    start = tmp_path / "run" / "heartbeat" / "4242-0"
+    return f"mkdir -p {start} && touch {start}/armed-{{0,1,2,3}}"
+
+
 def test_signal_is_forwarded_to_the_step_which_requeues(tmp_path: Path, stubs: Path) -> None:
     ready = tmp_path / "ready"
-    payload = f"trap 'echo got-usr2; exit {int(ExitCode.REQUEUE)}' USR2; touch {ready}; while :; do sleep 0.1; done"
+    payload = (
+        f"trap 'echo got-usr2; exit {int(ExitCode.REQUEUE)}' USR2; {arm_all(tmp_path)}; touch {ready}; "
+        "while :; do sleep 0.1; done"
+    )
     script = write_script(tmp_path, ["bash", "-c", payload])
     proc = subprocess.Popen(
         ["bash", str(script)], env=environ(tmp_path, stubs, None), stdout=subprocess.PIPE, stderr=subprocess.PIPE
@@ -120,6 +129,39 @@ def test_signal_is_forwarded_to_the_step_which_requeues(tmp_path: Path, stubs: P
     assert [(e["kind"], e["job_id"]) for e in events] == [("signal", "4242"), ("requeue", "4242")]
     assert events[0]["signal"] == "SIGUSR2" and events[1]["exit_code"] == ExitCode.REQUEUE
     assert events[0]["time"] <= events[1]["time"]
+
+
+def test_a_signal_before_the_ranks_are_armed_is_recorded_for_them_not_sent(tmp_path: Path, stubs: Path) -> None:
+    """A rank still starting would die of the signal: it reads the recorded stop once armed instead."""
+    ready = tmp_path / "ready"
+    stop = tmp_path / "run" / "heartbeat" / "4242-0" / "stop_requested"
+    payload = (
+        f"touch {ready}; while [[ ! -e {stop} ]]; do sleep 0.05; done; {arm_all(tmp_path)}; "
+        f"[[ -e {stop} ]] && exit {int(ExitCode.REQUEUE)}"
+    )  # no trap: a forwarded USR2 would kill it
+    script = write_script(tmp_path, ["bash", "-c", payload])
+    proc = subprocess.Popen(
+        ["bash", str(script)], env=environ(tmp_path, stubs, None), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not ready.exists():
+            assert time.monotonic() < deadline, "the step never started"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGUSR2)
+        _, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == ExitCode.REQUEUE, err
+    assert b"while the ranks start; they read the stop once armed" in err
+    assert requeued(tmp_path) == ["4242"]
+
+
+def test_the_signal_trap_is_the_first_command(tmp_path: Path) -> None:
+    script = write_script(tmp_path, ["true"]).read_text().splitlines()
+    commands = [line for line in script if line.strip() and not line.startswith("#")]
+    assert commands[0] == "trap 'signal_pending=1' USR2"
 
 
 def test_start_is_recorded_and_master_derived(tmp_path: Path, stubs: Path) -> None:

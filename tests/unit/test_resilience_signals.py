@@ -3,13 +3,18 @@
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
+from air_hpc.config.models import SignalName
 from air_hpc.errors import ConfigError
 from air_hpc.resilience.events import EventLog, read_events
-from air_hpc.resilience.signals import Deadline, StopRequest, agree, agree_stop, signal_number
+from air_hpc.resilience.signals import STOP_SIGNALS, Deadline, StopRequest, agree, agree_stop, signal_number
+from air_hpc.train.trainer import ALWAYS_STOP_ON
 
 
 @pytest.mark.parametrize(("name", "expected"), [("USR2", signal.SIGUSR2), ("sigterm", signal.SIGTERM), ("10", 10)])
@@ -107,3 +112,31 @@ def test_torn_last_line_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixt
     assert [e["kind"] for e in read_events(log.path)] == ["resume"]
     assert "torn" in caplog.text
     assert read_events(tmp_path / "missing.jsonl") == []
+
+
+HELD_THEN_ARMED = """
+import os, signal, sys
+from air_hpc.resilience.signals import StopRequest, hold_stop_signals
+hold_stop_signals()
+os.kill(os.getpid(), signal.SIGUSR2)  # would kill the process without the hold
+stop = StopRequest.install(["USR2"])
+print(stop.signal_name)
+"""
+
+
+def test_a_stop_signal_before_the_handler_waits_for_it() -> None:
+    done = subprocess.run([sys.executable, "-c", HELD_THEN_ARMED], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "SIGUSR2", done.stderr
+
+
+def test_a_rank_arming_late_takes_the_stop_the_batch_shell_recorded(tmp_path: Path) -> None:
+    stop = StopRequest()
+    stop.announce_armed(tmp_path / "start", 3, "USR2")
+    assert (tmp_path / "start" / "armed-3").exists() and not stop.requested
+    (tmp_path / "start" / "stop_requested").touch()
+    stop.announce_armed(tmp_path / "start", 4, "USR2")
+    assert stop.requested and stop.signal_name == "SIGUSR2"
+
+
+def test_every_configurable_stop_signal_is_held() -> None:
+    assert {signal_number(n) for n in (*get_args(SignalName), *ALWAYS_STOP_ON)} == set(STOP_SIGNALS)
