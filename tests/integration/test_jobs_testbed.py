@@ -135,6 +135,15 @@ def test_two_node_job_runs_and_status_and_logs_follow_it(testbed: Any, tmp_path:
         f"==> logs/slurm-{done.job_id}.out <==",
         f"0: rank 0 on {done.plan.request.rank_hosts[0]} restart 0",
     ]
+    beyond = cli(testbed, "logs", str(done.run_dir), "--rank", "9")
+    assert beyond.returncode == 2 and "--rank 9: run two-node has 4 ranks (0-3)" in beyond.stderr
+
+    listed = cli(testbed, "runs", "--root", str(tmp_path), "--json")
+    assert listed.returncode == 0, listed.stderr
+    (row,) = json.loads(listed.stdout)["runs"]
+    assert (row["name"], row["state"], row["job_id"]) == ("two-node", "COMPLETED", done.job_id)
+    watched = cli(testbed, "status", str(done.run_dir), "--watch")
+    assert watched.returncode == 0 and watched.stdout.startswith(f"two-node job {done.job_id}: COMPLETED")
 
 
 def test_usr2_to_the_batch_shell_requeues_once_then_completes(testbed: Any, tmp_path: Path, payload: Path) -> None:
