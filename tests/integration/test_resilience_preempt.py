@@ -194,9 +194,8 @@ def test_testbed_job_preempted_by_slurm_saves_in_grace_requeues_once_and_matches
     wait_for("step 2", lambda: last_step(run_dir) >= 2, timeout_s=300)
     nodes = (testbed.client.show_job(done.job_id) or {})["NodeList"]
     signalled = time.time()
-    urgent = testbed.client.run(
-        ["sbatch", "--parsable", "--partition=urgent", f"--nodelist={nodes}", "--exclusive", "--wrap=sleep 1"]
-    ).stdout.strip()
+    urgent_job = ["--partition=urgent", f"--nodelist={nodes}", "--exclusive", "--output=/dev/null", "--wrap=sleep 1"]
+    urgent = testbed.client.run(["sbatch", "--parsable", *urgent_job]).stdout.strip()
     wait_for("resume", lambda: len(kinds(run_dir, "resume")) >= 1, timeout_s=300)
     state = testbed.wait_job(done.job_id, timeout_s=300)
     assert state == "COMPLETED", "\n".join(p.read_text()[-1500:] for p in sorted(run_dir.logs.glob("*")))
