@@ -28,12 +28,16 @@ from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from air_hpc.errors import TopologyError
 from air_hpc.topology import hostlists
 from air_hpc.topology.fabric import Fabric
 
 log = logging.getLogger(__name__)
+
+#: "no selection reaches this (spines, leaves) state": negative even after adding every node of a fabric
+_UNREACHABLE = -(1 << 40)
 
 
 @dataclass(frozen=True)
@@ -154,16 +158,16 @@ def _fewest_spines_then_leaves(
     # an upper bound on leaves: the fullest leaves of the fullest `spines` groups
     bound = min_leaves(sorted((free_under[lf] for g in names[:spines] for lf in groups[g]), reverse=True), count)
     prefix = [np.cumsum([0] + [free_under[leaf] for leaf in groups[g][:bound]]) for g in names]
-    unreachable = np.int64(-1)
-    best = np.full((spines + 1, bound + 1), unreachable, dtype=np.int64)
+    best = np.full((spines + 1, bound + 1), _UNREACHABLE, dtype=np.int64)
     best[0, 0] = 0
     history = []
     for gains in prefix:
+        most = len(gains) - 1
+        # window c of the padded row covers best[., c - most .. c]; its entry w means taking most - w leaves here
+        padded = np.concatenate([np.full((spines, most), _UNREACHABLE, dtype=np.int64), best[:-1]], axis=1)
+        windows = sliding_window_view(padded, most + 1, axis=1)[:, :, :most]
         step = best.copy()
-        for g in range(1, len(gains)):
-            source = best[:-1, : bound + 1 - g]
-            candidate = np.where(source >= 0, source + gains[g], unreachable)
-            np.maximum(step[1:, g:], candidate, out=step[1:, g:])
+        np.maximum(step[1:], (windows + gains[most:0:-1]).max(axis=2), out=step[1:])
         history.append(best)
         best = step
     leaves_needed = int(np.argmax(best[spines] >= count))
