@@ -125,7 +125,7 @@ class BlockTopology:
     sizes_line: int | None = field(default=None, compare=False)
 
     def to_fabric(self) -> Fabric:
-        """Blocks as leaves under one switch, so selection treats an NVLink domain like a leaf."""
+        """Blocks as leaves under one switch: for display and rank placement (selection follows Slurm's block rules)."""
         specs = [SwitchSpec(name=b.name, nodes=b.nodes, comment=b.comment) for b in self.blocks]
         if len(specs) > 1:
             specs.append(SwitchSpec(name="blocks", children=tuple(b.name for b in self.blocks)))
