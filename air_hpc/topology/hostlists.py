@@ -13,7 +13,6 @@ import hostlist
 
 from air_hpc.errors import InputError
 
-_TRAILING_NUMBER = re.compile(r"^(.*?)(\d+)$")
 #: what a hostlist expression may contain: printable ASCII without blanks (Slurm node names are plain ASCII)
 _EXPRESSION = re.compile(r"[!-~]+")
 _RANGE = re.compile(r"(\d+)-(\d+)")
@@ -51,11 +50,11 @@ def expand(expr: str, where: str) -> list[str]:
 
 
 def _key(name: str) -> tuple[str, int, int, str]:
-    match = _TRAILING_NUMBER.match(name)
-    if match is None:
+    prefix = name.rstrip("0123456789")
+    digits = name[len(prefix) :]
+    if not digits:
         return (name, -1, 0, "")
-    digits = match.group(2)
-    return (match.group(1), int(digits), len(digits), digits)
+    return (prefix, int(digits), len(digits), digits)
 
 
 def natural_sorted(names: Iterable[str]) -> list[str]:
