@@ -92,7 +92,7 @@ class TrainingEntry(submitit.helpers.Checkpointable):
         trainer.validate(job)
         env = current_dist_env(os.environ)
         stop.announce_armed(generation_dir(run_dir, generation(os.environ)), env.rank, job.resilience.signal)
-        metrics.warn_once_per_job(env.rank)
+        metrics.warn_once_per_job(env.rank, int(os.environ.get("SLURM_RESTART_COUNT") or 0))
         _stop_a_crash_loop(job.resilience.max_no_progress_restarts, run_dir, env.rank)
         handler = metrics.setup_rank_logging(run_dir.rank_log(env.rank), env.rank)
         try:

@@ -126,9 +126,9 @@ def step_line(
 SAME_ON_EVERY_RANK = (r"Transformer Engine (and Apex )?(is|are) not installed",)
 
 
-def warn_once_per_job(rank: int) -> None:
-    """Keep import-time warnings that every rank would repeat to rank 0; call before Megatron is imported."""
-    if rank == 0:
+def warn_once_per_job(rank: int, restart: int) -> None:
+    """Keep import-time warnings every rank would repeat to rank 0 of the first start; call before Megatron's import."""
+    if rank == 0 and restart == 0:
         return
     for pattern in SAME_ON_EVERY_RANK:
         warnings.filterwarnings("ignore", message=pattern, category=UserWarning)
