@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from air_hpc.errors import InputError
 
 _CA = re.compile(r"^CA '(?P<name>[^']+)'\s*$")
-_PORT = re.compile(r"^Port (?P<number>\d+):\s*$")
+_PORT = re.compile(r"^Port (?P<number>[0-9]+):\s*$")
 _FIELD = re.compile(r"^(?P<key>[A-Za-z][A-Za-z ]*?):\s*(?P<value>.*)$")
-_NUMBER = re.compile(r"^\d+(\.\d+)?")
+_NUMBER = re.compile(r"^[0-9]+(\.[0-9]+)?")
 
 
 @dataclass(frozen=True)

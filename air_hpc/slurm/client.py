@@ -22,6 +22,7 @@ from air_hpc.slurm.jobs import (
     JobRecord,
     JobStatus,
     TestOnlyResult,
+    ascii_int,
     merge_status,
     parse_sacct,
     parse_sbatch_parsable,
@@ -170,7 +171,7 @@ class SlurmClient:
         restarts: int | None = None
         if queued:
             shown = self.show_job(job_id) or {}
-            restarts = int(shown["Restarts"]) if shown.get("Restarts", "").isdigit() else None
+            restarts = ascii_int(shown.get("Restarts", ""))
             return merge_status(job_id, queued, [], restarts)
         return merge_status(job_id, [], self.sacct([job_id]), restarts)
 

@@ -144,9 +144,18 @@ def _split(line: str, fields: int, where: str) -> list[str]:
     return parts
 
 
-def _int(text: str, default: int = 0) -> int:
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def ascii_int(text: str) -> int | None:
+    """``"12"`` -> 12; anything else (``"²"`` and ``"١"`` pass ``str.isdigit``) -> None."""
     text = text.strip()
-    return int(text) if text.isdigit() else default
+    return int(text) if _DIGITS.fullmatch(text) else None
+
+
+def _int(text: str, default: int = 0) -> int:
+    value = ascii_int(text)
+    return default if value is None else value
 
 
 def parse_squeue(text: str) -> list[JobRecord]:
@@ -173,7 +182,7 @@ def parse_squeue(text: str) -> list[JobRecord]:
 def parse_exit_code(text: str) -> tuple[int | None, int | None]:
     """sacct's ``ExitCode`` is ``code:signal``."""
     code, _, signal = text.strip().partition(":")
-    return (int(code) if code.isdigit() else None, int(signal) if signal.isdigit() else None)
+    return ascii_int(code), ascii_int(signal)
 
 
 def parse_sacct(text: str) -> list[JobRecord]:
@@ -213,7 +222,7 @@ def parse_scontrol_job(text: str) -> dict[str, str]:
     return found
 
 
-_SUBMITTED = re.compile(r"^(\d+)(?:;\S+)?$")
+_SUBMITTED = re.compile(r"^([0-9]+)(?:;\S+)?$")
 
 
 def parse_sbatch_parsable(text: str) -> str:
@@ -237,7 +246,8 @@ class TestOnlyResult:
 
 
 _TEST_ONLY = re.compile(
-    r"Job \d+ to start at (?P<start>\S+) using \d+ processors on nodes (?P<nodes>\S+)(?: in partition (?P<part>\S+))?"
+    r"Job [0-9]+ to start at (?P<start>\S+) using [0-9]+ processors on nodes (?P<nodes>\S+)"
+    r"(?: in partition (?P<part>\S+))?"
 )
 
 
