@@ -318,13 +318,15 @@ def cancel(run: str, as_json: bool) -> None:
     from air_hpc.launch.runs import resolve_run
 
     run_dir = resolve_run(run)
-    record = cancel_run(run_dir, _client())
+    record, cancelled = cancel_run(run_dir, _client())
     if as_json:
         echo_json(
-            {"run_dir": str(run_dir.path), "job_id": record.job_id, "executor": record.executor, "cancelled": True}
+            {"run_dir": str(run_dir.path), "job_id": record.job_id, "executor": record.executor, "cancelled": cancelled}
         )
-    else:
+    elif cancelled:
         click.echo(f"cancelled job {record.job_id} ({record.executor})")
+    else:
+        click.echo(f"job {record.job_id} ({record.executor}) had already ended; nothing to cancel")
 
 
 @click.command()

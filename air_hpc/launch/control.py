@@ -1,12 +1,10 @@
 """Job control on a run: its state, its log files, cancelling it.
 
 A run is followed through its latest submission: Slurm jobs (our script or
-submitit's) through the Slurm client, local jobs through the submitit
-controller's process and result files.
+submitit's) through the Slurm client, local jobs through the run's own records
+and the controller process they identify (:mod:`air_hpc.launch.local_job`).
 """
 
-import os
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,14 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 from air_hpc.errors import UserError
 from air_hpc.health.badnodes import read_bad_nodes
-from air_hpc.launch.runs import SubmissionRecord, latest_submission
+from air_hpc.launch.local_job import cancel_local, local_job_status
+from air_hpc.launch.runs import SubmissionRecord, latest_submission, record_cancel
 from air_hpc.observe.live import LiveView, change_key, last_event, live_panel, plain_line
 from air_hpc.observe.progress import RunProgress, run_progress
 from air_hpc.observe.records import load_records, stop_reason
 from air_hpc.render.spec import batch_log_paths
 from air_hpc.rundir import RunDir
 from air_hpc.slurm.client import SlurmClient
-from air_hpc.slurm.jobs import JobState, JobStatus
+from air_hpc.slurm.jobs import JobStatus
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -53,35 +52,6 @@ class RunStatus:
             "bad_nodes": list(self.bad_nodes),
             "stopped_because": self.stopped_because,
         }
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def local_job_status(run_dir: RunDir, record: SubmissionRecord) -> JobStatus:
-    """A LocalExecutor job: running while its controller lives; then its result files tell."""
-    import submitit
-
-    def status(state: JobState, reason: str = "") -> JobStatus:
-        return JobStatus(record.job_id, state, 1, "localhost", run_dir.path.name, 0, "local", reason)
-
-    if record.job_id.isdigit() and _pid_alive(int(record.job_id)):
-        return status(JobState.RUNNING)
-    job: submitit.LocalJob[Any] = submitit.LocalJob(folder=run_dir.path / "submitit", job_id=record.job_id)
-    if not job.paths.result_pickle.exists():
-        return status(JobState.FAILED, "the local controller exited without a result")
-    try:
-        job.result()
-    except Exception as exc:  # submitit re-raises the task's failure
-        return status(JobState.FAILED, (str(exc).strip().splitlines() or ["failed"])[-1])
-    return status(JobState.COMPLETED)
 
 
 def run_status(run_dir: RunDir, client: SlurmClient) -> RunStatus:
@@ -138,15 +108,16 @@ def check_rank(run_dir: RunDir, rank: int | None) -> None:
         raise UserError(f"--rank {rank}: run {run_dir.path.name} has {world} ranks (0-{world - 1})")
 
 
-def cancel_run(run_dir: RunDir, client: SlurmClient) -> SubmissionRecord:
+def cancel_run(run_dir: RunDir, client: SlurmClient) -> tuple[SubmissionRecord, bool]:
+    """Stop the run's current job; False when a local job had already ended (nothing was signalled)."""
     record = latest_submission(run_dir)
-    if record.executor == "local":
-        if record.job_id.isdigit() and _pid_alive(int(record.job_id)):
-            # submitit's LocalJob.cancel: SIGINT to the controller, which stops its tasks.
-            os.kill(int(record.job_id), signal.SIGINT)
-    else:
+    if record.executor != "local":
         client.scancel(record.job_id)
-    return record
+        return record, True
+    if not cancel_local(record):
+        return record, False
+    record_cancel(run_dir, record.job_id)
+    return record, True
 
 
 def live_view(status: RunStatus, now_s: float) -> LiveView:

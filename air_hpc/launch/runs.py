@@ -8,9 +8,11 @@ of the same job id.
 import difflib
 import json
 import logging
+import math
 import os
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -30,13 +32,57 @@ class SubmissionRecord:
     time_s: float
     starts: int
     """Starts of this job recorded by the batch script (1 + requeues); 0 before it first runs."""
+    pid: int | None = None
+    """Local executor: the controller's PID (the job id) ..."""
+    pid_started_s: float | None = None
+    """... and its start time, which proves a live PID is still that process."""
+    exits: Mapping[int, int] = field(default_factory=dict)
+    """Local executor: each rank's last recorded exit code."""
+    cancelled: bool = False
+    """``air-hpc cancel`` stopped this job."""
 
 
-def record_submission(run_dir: RunDir, job_id: str, executor: Executor, now_s: float | None = None) -> None:
-    line = {"event": "submitted", "job_id": job_id, "executor": executor, "time": now_s or time.time()}
+def _append(run_dir: RunDir, line: dict[str, object]) -> None:
     run_dir.path.mkdir(parents=True, exist_ok=True)
     with run_dir.submissions.open("a") as out:
         out.write(json.dumps(line, sort_keys=True) + "\n")
+
+
+def record_submission(
+    run_dir: RunDir,
+    job_id: str,
+    executor: Executor,
+    now_s: float | None = None,
+    pid_started_s: float | None = None,
+) -> None:
+    """One ``submitted`` line; a local job's controller also by its start time (``pid_started_s``)."""
+    line: dict[str, object] = {
+        "event": "submitted",
+        "job_id": job_id,
+        "executor": executor,
+        "time": now_s or time.time(),
+    }
+    if pid_started_s is not None:
+        line["pid_started_s"] = pid_started_s
+    _append(run_dir, line)
+
+
+def record_exit(run_dir: RunDir, job_id: str, rank: int, exit_code: int) -> None:
+    """A rank of a local job says how it ended (the controller's own result is a pickle we never read)."""
+    _append(
+        run_dir, {"event": "ended", "job_id": job_id, "rank": rank, "exit_code": int(exit_code), "time": time.time()}
+    )
+
+
+def record_cancel(run_dir: RunDir, job_id: str) -> None:
+    _append(run_dir, {"event": "cancelled", "job_id": job_id, "time": time.time()})
+
+
+def _number(value: object, kind: type[int] | type[float]) -> int | float | None:
+    """A JSON number from a run file, else None (the file is data, not to be trusted)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return kind(value) if math.isfinite(value) else None
 
 
 def submissions(run_dir: RunDir) -> list[SubmissionRecord]:
@@ -46,11 +92,28 @@ def submissions(run_dir: RunDir) -> list[SubmissionRecord]:
         if row.get("event") != "submitted":
             continue
         job_id = str(row.get("job_id"))
-        starts = sum(1 for r in rows if r.get("event") == "started" and str(r.get("job_id")) == job_id)
         executor = row.get("executor")
         if executor not in EXECUTORS:
             continue
-        records.append(SubmissionRecord(job_id, executor, float(row.get("time", 0.0)), starts))
+        mine = [r for r in rows if str(r.get("job_id")) == job_id]
+        exits: dict[int, int] = {}
+        for r in mine:
+            rank, code = _number(r.get("rank"), int), _number(r.get("exit_code"), int)
+            if r.get("event") == "ended" and rank is not None and code is not None:
+                exits[int(rank)] = int(code)
+        pid = int(job_id) if executor == "local" and job_id.isascii() and job_id.isdigit() else None
+        records.append(
+            SubmissionRecord(
+                job_id,
+                executor,
+                _number(row.get("time"), float) or 0.0,
+                sum(1 for r in mine if r.get("event") == "started"),
+                pid=pid,
+                pid_started_s=_number(row.get("pid_started_s"), float) if pid is not None else None,
+                exits=exits,
+                cancelled=any(r.get("event") == "cancelled" for r in mine),
+            )
+        )
     return records
 
 

@@ -28,13 +28,14 @@ from air_hpc.config.models import JobConfig
 from air_hpc.errors import AirHpcError, CheckpointError, ConfigError, SlurmError, SlurmUnreachableError, TopologyError
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.badnodes import read_bad_nodes
+from air_hpc.launch.local_job import ProcessIdentity, RecordExit, local_job_status
 from air_hpc.launch.owner import Owner, claim
-from air_hpc.launch.runs import Executor, record_submission
+from air_hpc.launch.runs import Executor, record_submission, submissions
 from air_hpc.render import NodeRequest, SbatchSpec, build_spec, job_environment, render_script
 from air_hpc.render.quoting import shell_quote
 from air_hpc.rundir import RunDir
 from air_hpc.slurm.client import SlurmClient
-from air_hpc.slurm.jobs import JobStatus, TestOnlyResult
+from air_hpc.slurm.jobs import JobState, JobStatus, TestOnlyResult
 from air_hpc.topology.treeconf import BlockTopology
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class Submission:
     run_dir: Path
     plan: Plan
     handle: Any = field(default=None, compare=False)
-    """submitit's job object for the local executor (only this process can wait on it)."""
+    """submitit's job object for the local executor."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -369,15 +370,17 @@ def submit(
     with claim(RunDir.of(job), lambda owner: owner_is_live(owner, client)) as take_ownership:
         run_dir = write_run(plan_)
         handle = None
+        started_s = None
         if executor == "slurm":
             job_id = client.sbatch(run_dir.sbatch)
         elif executor == "submitit":
             job_id = _submit_submitit_slurm(plan_, entry(run_dir.path))
         else:
-            handle = _submit_local(plan_, entry(run_dir.path))
+            handle = _submit_local(plan_, RecordExit(entry(run_dir.path), run_dir.path))
             job_id = str(handle.job_id)
+            started_s = ProcessIdentity.of(int(job_id)).started_s
         take_ownership(job_id, executor)
-    record_submission(run_dir, job_id, executor)
+    record_submission(run_dir, job_id, executor, pid_started_s=started_s)
     log.info("submitted job %s (%s) for run %s", job_id, executor, run_dir.path)
     return Submission(job_id, executor, run_dir.path, plan_, handle)
 
@@ -510,17 +513,27 @@ def wait_slurm(
         time.sleep(poll_s)
 
 
-def wait_local(submission: Submission) -> None:
-    """Block until a LocalExecutor job submitted by this process ends; raise if any task failed."""
-    if submission.handle is None:
-        raise ConfigError("--wait: only a job submitted by this process with --executor local can be waited for")
-    try:
-        submission.handle.results()
-    except Exception as exc:  # submitit re-raises a task's error as text with its traceback
-        last = str(exc).strip().splitlines()[-1:] or ["unknown error"]
+def wait_local(submission: Submission, poll_s: float = 1.0) -> JobStatus:
+    """Block until a LocalExecutor job ends; raise if it did not complete.
+
+    Its state comes from the run's records (see :mod:`air_hpc.launch.local_job`),
+    never from submitit's result pickles.
+    """
+    run_dir = RunDir(submission.run_dir)
+    while True:
+        record = next((r for r in submissions(run_dir) if r.job_id == submission.job_id), None)
+        if record is None:
+            raise ConfigError(f"--wait: {run_dir.submissions} has no record of local job {submission.job_id}")
+        status = local_job_status(run_dir, record)
+        if status.state is not JobState.RUNNING:
+            break
+        time.sleep(poll_s)
+    if not status.state.succeeded:
         raise TrainingFailed(
-            f"local job {submission.job_id} failed: {last[0]} (logs: {submission.run_dir}/submitit)"
-        ) from None
+            f"local job {submission.job_id} failed ({status.state}: {status.reason}); "
+            f"logs: {submission.run_dir}/submitit"
+        )
+    return status
 
 
 class TrainingFailed(AirHpcError):

@@ -2,8 +2,12 @@
 
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from air_hpc.config import load_job
@@ -12,6 +16,7 @@ from air_hpc.launch.submit import TrainingFailed, submit, wait_local
 from air_hpc.rundir import RunDir
 from air_hpc.slurm.fake import FakeSlurm
 from air_hpc.slurm.jobs import JobState
+from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -35,6 +40,14 @@ class Steps:
             lines = [{"step": 1, "loss": 2.5}, {"step": 2, "loss": 2.25}]
             RunDir(self.run_dir).metrics.write_text("".join(json.dumps(x) + "\n" for x in lines))
         return f"rank {rank}"
+
+
+class Sleeps:
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+
+    def __call__(self) -> None:
+        time.sleep(300)
 
 
 class Fails:
@@ -75,3 +88,22 @@ def test_local_executor_failure_is_reported(tmp_path: Path, small_corpus: Path) 
     with pytest.raises(TrainingFailed, match="failed"):
         wait_local(done)
     assert run_status(RunDir(done.run_dir), FakeSlurm()).job.state is JobState.FAILED
+    assert "rank 0 exited 1" in run_status(RunDir(done.run_dir), FakeSlurm()).job.reason
+
+
+def test_cli_cancel_stops_the_controller_and_its_ranks(tmp_path: Path, small_corpus: Path) -> None:
+    """The recorded PID is submitit's ``sh -c`` around the controller: cancel must reach the controller itself."""
+    done = submit(local_job(tmp_path, "cancelled", small_corpus), "local", FakeSlurm(), entry=Sleeps)
+    run_dir = RunDir(done.run_dir)
+    shell = psutil.Process(int(done.job_id))
+    wait_for("controller and two ranks started", lambda: len(shell.children(recursive=True)) >= 3, 60)
+    family = [shell, *shell.children(recursive=True)]
+    assert run_status(run_dir, FakeSlurm()).job.state is JobState.RUNNING
+    result = subprocess.run(
+        [sys.executable, "-m", "air_hpc", "cancel", str(run_dir.path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0 and f"cancelled job {done.job_id} (local)" in result.stdout, result.stderr
+    _, alive = psutil.wait_procs(family, timeout=30)
+    assert not alive, f"still running after cancel: {[p.pid for p in alive]}"
+    status = run_status(run_dir, FakeSlurm()).job
+    assert status.state is JobState.CANCELLED

@@ -1,0 +1,162 @@
+"""A LocalExecutor job, followed through the run's own JSON records: never its pickles, never a bare PID.
+
+submitit's LocalExecutor runs a controller process on this machine whose PID is
+the job id. ``submit`` records that PID with the process's start time, each
+rank records its exit code (``ended`` lines in submissions.jsonl) and ``cancel``
+records itself, so the state is read from JSON alone: submitit's
+``*_result.pkl`` would run whatever code a planted pickle names. A PID whose
+start time differs from the recorded one now belongs to another process and is
+never signalled.
+"""
+
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from air_hpc.errors import AirHpcError, UserError
+from air_hpc.exitcodes import ExitCode
+from air_hpc.launch.runs import SubmissionRecord, record_exit
+from air_hpc.rundir import RunDir
+from air_hpc.slurm.jobs import JobState, JobStatus
+
+log = logging.getLogger(__name__)
+
+#: psutil derives start times from clock ticks since boot; the same process always reads the same value.
+START_TIME_TOLERANCE_S = 0.05
+#: The module submitit's controller runs as (``python -m submitit.local._local FOLDER``).
+CONTROLLER_MODULE = "submitit.local._local"
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    """A process named by PID and start time: together they cannot be reused by another process."""
+
+    pid: int
+    started_s: float
+
+    @classmethod
+    def of(cls, pid: int) -> "ProcessIdentity":
+        return cls(pid, psutil.Process(pid).create_time())
+
+    def process(self) -> psutil.Process | None:
+        """The live process, or None when it ended or its PID now belongs to another process."""
+        try:
+            proc = psutil.Process(self.pid)
+            if abs(proc.create_time() - self.started_s) > START_TIME_TOLERANCE_S:
+                return None
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+            return proc
+        except psutil.Error:
+            return None
+
+
+class RecordExit:
+    """What the LocalExecutor runs on each rank: the entry, then an ``ended`` line with the rank's exit code.
+
+    Picklable (submitit ships it to the ranks) and checkpointable like the
+    entry it wraps, so a requeued start records its exit too.
+    """
+
+    def __init__(self, entry: Callable[[], Any], run_dir: Path) -> None:
+        self.entry = entry
+        self.run_dir = run_dir
+
+    def __call__(self) -> Any:
+        import submitit
+
+        env = submitit.JobEnvironment()
+        code: int = ExitCode.FAILURE
+        try:
+            result = self.entry()
+            code = int(getattr(result, "exit_code", ExitCode.OK))
+            return result
+        except AirHpcError as exc:
+            code = int(exc.exit_code)
+            raise
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else ExitCode.FAILURE
+            raise
+        finally:
+            record_exit(RunDir(self.run_dir), str(env.job_id), env.global_rank, code)
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """The entry's own requeue (submitit's ``Checkpointable`` protocol), still recording exits."""
+        import submitit
+
+        inner = getattr(self.entry, "checkpoint", None)
+        delayed = inner(*args, **kwargs) if inner is not None else None
+        if delayed is None:
+            return None
+        wrapped = RecordExit(delayed.function, self.run_dir)
+        return submitit.helpers.DelayedSubmission(wrapped, *delayed.args, **delayed.kwargs)
+
+
+def controller(record: SubmissionRecord) -> psutil.Process | None:
+    """The job's live controller process, only when the recorded PID and start time both match."""
+    if record.pid is None or record.pid_started_s is None:
+        return None
+    return ProcessIdentity(record.pid, record.pid_started_s).process()
+
+
+def _world_size(run_dir: RunDir, recorded: int) -> int:
+    try:
+        return run_dir.read_job().resources.world_size
+    except AirHpcError:
+        return max(recorded, 1)
+
+
+def local_job_status(run_dir: RunDir, record: SubmissionRecord) -> JobStatus:
+    """RUNNING while the proven controller lives; afterwards what the ranks and ``cancel`` recorded."""
+
+    def status(state: JobState, reason: str = "", exit_code: int | None = None) -> JobStatus:
+        return JobStatus(record.job_id, state, 1, "localhost", run_dir.path.name, 0, "local", reason, "", exit_code)
+
+    if record.pid_started_s is None:
+        return status(JobState.UNKNOWN, f"no start time recorded for PID {record.job_id}: cannot tell it is this run's")
+    if controller(record) is not None:
+        return status(JobState.RUNNING)
+    if record.cancelled:
+        return status(JobState.CANCELLED, "cancelled with air-hpc cancel")
+    exits = record.exits
+    if not exits:
+        return status(JobState.FAILED, "the local job ended without any rank recording an exit code")
+    failed = {rank: code for rank, code in exits.items() if code != ExitCode.OK}
+    if failed:
+        rank, code = max(failed.items(), key=lambda item: (item[1], -item[0]))
+        return status(JobState.FAILED, f"rank {rank} exited {code}", code)
+    world = _world_size(run_dir, len(exits))
+    missing = sorted(set(range(world)) - set(exits))
+    if missing:
+        return status(JobState.FAILED, f"rank(s) {', '.join(map(str, missing))} recorded no exit code")
+    return status(JobState.COMPLETED, exit_code=0)
+
+
+def cancel_local(record: SubmissionRecord) -> bool:
+    """SIGINT to the proven controller (it then stops its tasks); False when it already ended.
+
+    With a setup the recorded process is the ``sh -c`` that runs submitit's
+    controller: the controller itself (a child naming ``submitit.local._local``)
+    gets the signal, since a shell interrupted while waiting would leave it running.
+    """
+    if record.pid_started_s is None:
+        raise UserError(
+            f"local job {record.job_id}: no process start time recorded, so PID {record.job_id} cannot be proven "
+            "to be this run's; not signalling it (stop the job by hand)"
+        )
+    proc = controller(record)
+    if proc is None:
+        return False
+    try:
+        targets = [p for p in proc.children() if CONTROLLER_MODULE in " ".join(p.cmdline())] or [proc]
+    except psutil.Error:
+        targets = [proc]
+    for target in targets:
+        log.info("cancel: SIGINT to local controller %d (%s)", target.pid, " ".join(target.cmdline()))
+        target.send_signal(signal.SIGINT)
+    return True
