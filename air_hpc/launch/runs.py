@@ -54,8 +54,9 @@ def record_submission(
     executor: Executor,
     now_s: float | None = None,
     pid_started_s: float | None = None,
+    token: str | None = None,
 ) -> None:
-    """One ``submitted`` line; a local job's controller also by its start time (``pid_started_s``)."""
+    """One ``submitted`` line; a local job's controller also by its start time, an sbatch by its attempt's token."""
     line: dict[str, object] = {
         "event": "submitted",
         "job_id": job_id,
@@ -64,7 +65,52 @@ def record_submission(
     }
     if pid_started_s is not None:
         line["pid_started_s"] = pid_started_s
+    if token is not None:
+        line["token"] = token
     _append(run_dir, line)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """An ``sbatch`` recorded before it ran: its job name and the unique ``--comment`` token find it in Slurm."""
+
+    token: str
+    job_name: str
+    executor: Executor
+    time_s: float
+
+
+def record_attempt(run_dir: RunDir, attempt: Attempt) -> None:
+    """Written before sbatch runs, so a submit whose answer was lost can still be found and managed."""
+    _append(
+        run_dir,
+        {
+            "event": "submitting",
+            "token": attempt.token,
+            "job_name": attempt.job_name,
+            "executor": attempt.executor,
+            "time": attempt.time_s,
+        },
+    )
+
+
+def record_not_submitted(run_dir: RunDir, token: str) -> None:
+    """Slurm was asked and knows no job with this attempt's token: it never reached the queue."""
+    _append(run_dir, {"event": "not_submitted", "token": token, "time": time.time()})
+
+
+def pending_attempts(run_dir: RunDir) -> list[Attempt]:
+    """Attempts with no outcome yet (neither a ``submitted`` nor a ``not_submitted`` line with their token)."""
+    rows = read_jsonl(run_dir.submissions)
+    settled = {r.get("token") for r in rows if r.get("event") in ("submitted", "not_submitted")}
+    pending = []
+    for row in rows:
+        token, executor, name = row.get("token"), row.get("executor"), row.get("job_name")
+        if row.get("event") != "submitting" or not isinstance(token, str) or token in settled:
+            continue
+        if executor in EXECUTORS and isinstance(name, str):
+            pending.append(Attempt(token, name, executor, _number(row.get("time"), float) or 0.0))
+    return pending
 
 
 def record_exit(run_dir: RunDir, job_id: str, rank: int, exit_code: int) -> None:

@@ -28,6 +28,7 @@ from air_hpc.config.models import JobConfig
 from air_hpc.errors import AirHpcError, CheckpointError, ConfigError, SlurmError, SlurmUnreachableError, TopologyError
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.badnodes import read_bad_nodes
+from air_hpc.launch.attempts import sbatch_recorded
 from air_hpc.launch.local_job import ProcessIdentity, RecordExit, local_job_status
 from air_hpc.launch.owner import Owner, claim
 from air_hpc.launch.runs import Executor, record_submission, submissions
@@ -372,7 +373,7 @@ def submit(
         handle = None
         started_s = None
         if executor == "slurm":
-            job_id = client.sbatch(run_dir.sbatch)
+            job_id = sbatch_recorded(client, run_dir, plan_.spec.job_name)
         elif executor == "submitit":
             job_id = _submit_submitit_slurm(plan_, entry(run_dir.path))
         else:
@@ -380,7 +381,8 @@ def submit(
             job_id = str(handle.job_id)
             started_s = ProcessIdentity.of(int(job_id)).started_s
         take_ownership(job_id, executor)
-    record_submission(run_dir, job_id, executor, pid_started_s=started_s)
+    if executor != "slurm":  # sbatch_recorded records its own attempt and outcome
+        record_submission(run_dir, job_id, executor, pid_started_s=started_s)
     log.info("submitted job %s (%s) for run %s", job_id, executor, run_dir.path)
     return Submission(job_id, executor, run_dir.path, plan_, handle)
 

@@ -12,13 +12,16 @@ import os
 import shlex
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
-from air_hpc.errors import SlurmError, SlurmUnreachableError
+from air_hpc.errors import ConfigError, SlurmError, SlurmUnreachableError
+from air_hpc.slurm.controller import describe, refused_everywhere
 from air_hpc.slurm.jobs import (
     SACCT_FIELDS,
     SQUEUE_FORMAT,
+    TAGGED_FIELDS,
+    TAGGED_FORMAT,
     JobRecord,
     JobStatus,
     TestOnlyResult,
@@ -28,6 +31,7 @@ from air_hpc.slurm.jobs import (
     parse_sbatch_parsable,
     parse_scontrol_job,
     parse_squeue,
+    parse_tagged,
     parse_test_only,
 )
 
@@ -44,6 +48,29 @@ UNREACHABLE_MARKERS = (
 )
 
 
+#: Longest a Slurm call may take, retries included (``AIR_HPC_SLURM_DEADLINE_S`` overrides).
+DEFAULT_DEADLINE_S = 20.0
+DEADLINE_ENV = "AIR_HPC_SLURM_DEADLINE_S"
+
+
+def deadline_from_env(env: Mapping[str, str]) -> float:
+    """``$AIR_HPC_SLURM_DEADLINE_S`` (seconds, > 0), else the default; a bad value is a user error."""
+    raw = env.get(DEADLINE_ENV, "").strip()
+    if not raw:
+        return DEFAULT_DEADLINE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise ConfigError(f"${DEADLINE_ENV}={raw!r}: expected a number of seconds above 0")
+    return value
+
+
+class NotRun(SlurmUnreachableError):
+    """The controller is known to be down, so the command was not even started (nothing was submitted)."""
+
+
 class SlurmClient:
     def __init__(
         self,
@@ -51,11 +78,21 @@ class SlurmClient:
         timeout_s: float = 30.0,
         retries: int = 3,
         backoff_s: float = 1.0,
+        deadline_s: float | None = None,
     ) -> None:
         self.env = {**os.environ, **(env or {})}
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
+        self.deadline_s = deadline_from_env(self.env) if deadline_s is None else deadline_s
+        self._down_until = 0.0
+        self._down_reason = ""
+        """After the controller failed to answer, calls fail at once for one deadline (a submit's later steps)."""
+
+    def controller_refused(self) -> str | None:
+        """``host:port, ...`` when every controller address in slurm.conf refuses connections, else None."""
+        addresses = refused_everywhere(self.env, timeout_s=min(2.0, self.deadline_s))
+        return describe(addresses) if addresses else None
 
     def run(
         self,
@@ -66,25 +103,57 @@ class SlurmClient:
         retry: bool = True,
         check: bool = True,
     ) -> subprocess.CompletedProcess[str]:
-        """Run one Slurm command; retry only read-only calls when the controller is unreachable."""
+        """Run one Slurm command; retry only read-only calls when the controller is unreachable.
+
+        A controller that refuses connections fails the call at once; one that
+        does not answer is retried (one warning line each) until the client's
+        deadline, which bounds every attempt and wait together.
+        """
+        if time.monotonic() < self._down_until:
+            raise NotRun(f"Slurm controller unreachable ({self._down_reason}); {args[0]} not run")
+        refused = self.controller_refused()
+        if refused is not None:
+            self._mark_down(f"connection refused at {refused}")
+            raise NotRun(f"Slurm controller unreachable: connection refused at {refused} (is slurmctld running?)")
+        deadline = time.monotonic() + self.deadline_s
         attempts = 1 + (self.retries if retry else 0)
         delay = self.backoff_s
+        stderr = ""
         for attempt in range(1, attempts + 1):
-            result = self._run_once(args, input_text, timeout_s or self.timeout_s)
+            left = deadline - time.monotonic()
+            budget = left if attempt == attempts else left / 2  # leave time for the retries
+            result = self._run_once(args, input_text, max(0.1, min(timeout_s or self.timeout_s, budget)))
             if result.returncode == 0 or not check:
                 return result
             stderr = result.stderr.strip()
             unreachable = any(marker in stderr for marker in UNREACHABLE_MARKERS)
             if not unreachable:
                 raise SlurmError(f"{shlex.join(args)} failed (exit {result.returncode}): {stderr}")
-            if attempt < attempts:
-                log.info("slurm controller unreachable (attempt %d/%d), retrying in %.1f s", attempt, attempts, delay)
-                time.sleep(delay)
-                delay *= 2
+            left = deadline - time.monotonic()
+            if attempt == attempts or left <= delay:
+                break
+            log.warning(
+                "%s: Slurm controller did not answer (attempt %d/%d); retrying in %.1f s, %.0f s left of the %.0f s "
+                "deadline (%s)",
+                args[0],
+                attempt,
+                attempts,
+                delay,
+                left,
+                self.deadline_s,
+                DEADLINE_ENV,
+            )
+            time.sleep(delay)
+            delay *= 2
+        last = stderr.splitlines()[-1] if stderr else "no answer"
+        self._mark_down(last)
         raise SlurmUnreachableError(
-            f"Slurm controller unreachable after {attempts} attempt(s) of {args[0]}: "
-            f"{stderr.splitlines()[-1] if stderr else 'no answer'}"
+            f"Slurm controller unreachable: {args[0]} gave no answer within {self.deadline_s:g} s "
+            f"(${DEADLINE_ENV}): {last}"
         )
+
+    def _mark_down(self, reason: str) -> None:
+        self._down_until, self._down_reason = time.monotonic() + self.deadline_s, reason
 
     def _run_once(
         self, args: Sequence[str], input_text: str | None, timeout_s: float
@@ -117,11 +186,49 @@ class SlurmClient:
         """
         try:
             result = self.run(["sbatch", "--parsable", *extra_args, str(script_path)], retry=False)
+        except NotRun:
+            raise
         except SlurmUnreachableError as exc:
-            raise SlurmUnreachableError(
-                f"{exc}; the job may or may not have been submitted: check `squeue --me` before submitting again"
-            ) from None
+            raise SlurmUnreachableError(f"{exc}; the job may or may not have been submitted") from None
         return parse_sbatch_parsable(result.stdout)
+
+    def find_submitted(
+        self, token: str, user: str, since_s: float, workdir: Path, known: Collection[str] = ()
+    ) -> str | None:
+        """The job id of the ``sbatch --comment=TOKEN`` this user ran after ``since_s``; None when Slurm has none.
+
+        The controller knows recent jobs with their comment; accounting knows
+        older ones, with the comment where ``AccountingStoreFlags=job_comment``
+        keeps it and else by working directory (our script's ``--chdir``, the
+        run directory). Raises SlurmUnreachableError when it cannot tell.
+        """
+        queued = self.run(["squeue", "--noheader", f"--user={user}", f"--format={TAGGED_FORMAT}"])
+        for job_id, _, comment in parse_tagged(queued.stdout):
+            if comment == token:
+                return job_id
+        since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since_s - 1))
+        args = [
+            "sacct",
+            "--noheader",
+            "--parsable2",
+            "--allocations",
+            f"--user={user}",
+            f"--starttime={since}",
+            f"--format={','.join(TAGGED_FIELDS)}",
+        ]
+        try:
+            accounted = self.run(args).stdout
+        except SlurmUnreachableError:
+            raise
+        except SlurmError as exc:
+            log.warning("accounting unavailable (%s); deciding on the controller's queue alone", exc)
+            return None
+        found = parse_tagged(accounted)
+        for job_id, _, comment in found:
+            if comment == token:
+                return job_id
+        same_dir = [j for j, where, comment in found if not comment and where == str(workdir) and j not in known]
+        return same_dir[-1] if same_dir else None
 
     def sbatch_test_only(self, script_path: Path) -> TestOnlyResult:
         """Ask the controller whether and where the script would run, without submitting it."""

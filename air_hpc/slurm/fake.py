@@ -38,6 +38,8 @@ class FakeJob:
     time_limit: str = "00:30:00"
     signals: list[str] = field(default_factory=list)
     earlier_runs: list[tuple[JobState, str, int]] = field(default_factory=list)
+    comment: str = ""
+    workdir: str = ""
 
 
 def _directives(script: str) -> dict[str, str]:
@@ -79,10 +81,25 @@ class FakeSlurm(SlurmClient):
         self.cluster = cluster
         self.jobs: dict[str, FakeJob] = {}
         self.calls: list[list[str]] = []
-        self.reachable = True
+        self._reachable = True
+        self.refused = False
+        """Every controller address refuses connections (slurmctld stopped), so nothing is even run."""
+        self.lose_sbatch_reply = False
+        """sbatch queues the job, then times out before its answer arrives."""
         self.next_id = 100
 
     # Driving the fake cluster.
+
+    @property
+    def reachable(self) -> bool:
+        """Whether the controller answers; setting it true also ends the client's memory of the outage."""
+        return self._reachable
+
+    @reachable.setter
+    def reachable(self, value: bool) -> None:
+        self._reachable = value
+        if value:
+            self._down_until = 0.0
 
     def start(self, job_id: str, nodelist: str) -> None:
         job = self.jobs[job_id]
@@ -99,12 +116,15 @@ class FakeSlurm(SlurmClient):
 
     # What the client sees.
 
+    def controller_refused(self) -> str | None:
+        return "fake-ctld:6817" if self.refused else None
+
     def _run_once(
         self, args: Sequence[str], input_text: str | None, timeout_s: float
     ) -> subprocess.CompletedProcess[str]:
         args = list(args)
         self.calls.append(args)
-        if not self.reachable:
+        if not self._reachable:
             return self._done(args, 1, err=UNREACHABLE.format(cmd=args[0]))
         handler = {
             "sbatch": self._sbatch,
@@ -142,7 +162,12 @@ class FakeSlurm(SlurmClient):
             )
         job_id = str(self.next_id)
         self.next_id += 1
-        self.jobs[job_id] = FakeJob(job_id, opts.get("job-name", "sbatch"), nodes, script)
+        comment = self._option(args, "comment") or opts.get("comment", "")
+        self.jobs[job_id] = FakeJob(
+            job_id, opts.get("job-name", "sbatch"), nodes, script, comment=comment, workdir=opts.get("chdir", "")
+        )
+        if self.lose_sbatch_reply:
+            return self._done(args, 1, err="sbatch: error: Batch job submission failed: Socket timed out on send/recv")
         return self._done(args, out=f"{job_id}\n")
 
     def _could_start_now(self, nodes: int, nodelist: str | None) -> bool:
@@ -174,6 +199,8 @@ class FakeSlurm(SlurmClient):
             "M": lambda j: "0:05" if j.state is JobState.RUNNING else "0:00",
             "l": lambda j: j.time_limit.lstrip("0:") or "0",
             "j": lambda j: j.name,
+            "k": lambda j: j.comment or "(null)",
+            "Z": lambda j: j.workdir,
         }
         lines = [re.sub(r"%(\w)", lambda m, j=j: codes[m.group(1)](j), fmt) for j in live]  # type: ignore[misc]
         return self._done(args, out="".join(line + "\n" for line in lines))
@@ -183,7 +210,7 @@ class FakeSlurm(SlurmClient):
         fields = (self._option(args, "format") or "").split(",")
         lines = []
         for job in self.jobs.values():
-            if job.job_id not in wanted:
+            if wanted != [""] and job.job_id not in wanted:
                 continue
             runs = [*job.earlier_runs, (job.state, job.nodelist, job.exit_code)]
             for state, nodelist, code in runs:
@@ -196,6 +223,8 @@ class FakeSlurm(SlurmClient):
                     "Elapsed": "00:00:05",
                     "Timelimit": job.time_limit,
                     "JobName": job.name,
+                    "WorkDir": job.workdir,
+                    "Comment": job.comment,
                 }
                 lines.append("|".join(values[f] for f in fields))
         return self._done(args, out="".join(line + "\n" for line in lines))

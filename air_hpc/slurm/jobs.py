@@ -209,6 +209,23 @@ def parse_sacct(text: str) -> list[JobRecord]:
     return records
 
 
+#: squeue --format and sacct --format that find a submission by its ``--comment`` token: id, working dir, comment.
+TAGGED_FORMAT = "%i|%Z|%k"
+TAGGED_FIELDS = ("JobIDRaw", "WorkDir", "Comment")
+
+
+def parse_tagged(text: str) -> list[tuple[str, str, str]]:
+    """``(job id, working dir, comment)`` per line; the comment is last and never holds our tokens' ``|``."""
+    found = []
+    for line in text.splitlines():
+        job_id, sep, rest = line.partition("|")
+        if not sep or not job_id.strip():
+            continue
+        workdir, _, comment = rest.rpartition("|")
+        found.append((job_id.strip(), workdir, "" if comment.strip() == "(null)" else comment.strip()))
+    return found
+
+
 _SCONTROL_KEYS = ("JobId", "JobState", "Reason", "Restarts", "NumNodes", "NodeList", "ExitCode", "BatchHost")
 
 

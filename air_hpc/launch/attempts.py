@@ -1,0 +1,99 @@
+"""Submit attempts: recorded before ``sbatch`` runs, settled by asking Slurm, so a lost answer never orphans a job.
+
+``sbatch`` can time out after the controller accepted the job. Each attempt is
+written to submissions.jsonl first with a unique token that goes to Slurm as
+``--comment``; when the answer is lost, any later command (``status``,
+``cancel``, the next ``submit``) asks Slurm for that token and records what it
+finds: the job id, or that the attempt never reached the queue. Until an
+attempt is settled, ``submit`` refuses to submit the run again.
+"""
+
+import getpass
+import logging
+import time
+import uuid
+
+from air_hpc.errors import SlurmError, SlurmUnreachableError
+from air_hpc.launch.owner import RunBusyError
+from air_hpc.launch.runs import (
+    Attempt,
+    pending_attempts,
+    record_attempt,
+    record_not_submitted,
+    record_submission,
+    submissions,
+)
+from air_hpc.rundir import RunDir
+from air_hpc.slurm.client import NotRun, SlurmClient
+
+log = logging.getLogger(__name__)
+
+#: An attempt Slurm does not know yet may still be in the controller's hands this long after it was made.
+SETTLE_GRACE_S = 60.0
+
+
+def _when(time_s: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time_s))
+
+
+def settle(run_dir: RunDir, client: SlurmClient, now_s: float | None = None) -> list[str]:
+    """Record the outcome of every pending attempt; return the job ids found; raise when one cannot be told yet."""
+    pending = pending_attempts(run_dir)
+    found: list[str] = []
+    if not pending:
+        return found
+    known = {record.job_id for record in submissions(run_dir)}
+    user = getpass.getuser()
+    for attempt in pending:
+        try:
+            job_id = client.find_submitted(attempt.token, user, attempt.time_s, run_dir.path, known)
+        except SlurmUnreachableError as exc:
+            raise SlurmUnreachableError(
+                f"{run_dir.path}: the submit of {_when(attempt.time_s)} may have queued a job "
+                f"(comment {attempt.token}), and Slurm cannot be asked now: {exc}"
+            ) from None
+        if job_id is not None:
+            log.warning("the submit of %s did queue job %s; recorded it", _when(attempt.time_s), job_id)
+            record_submission(run_dir, job_id, attempt.executor, now_s=attempt.time_s, token=attempt.token)
+            known.add(job_id)
+            found.append(job_id)
+            continue
+        wait_s = attempt.time_s + SETTLE_GRACE_S - (now_s or time.time())
+        if wait_s > 0:
+            raise SlurmError(
+                f"{run_dir.path}: the submit of {_when(attempt.time_s)} is not in Slurm's queue yet but may still "
+                f"reach it; ask again in {wait_s:.0f} s"
+            )
+        record_not_submitted(run_dir, attempt.token)
+    return found
+
+
+def sbatch_recorded(client: SlurmClient, run_dir: RunDir, job_name: str) -> str:
+    """Submit the run's script once: settle earlier attempts, record this one, sbatch it, record its job id."""
+    found = settle(run_dir, client)
+    latest = [r.job_id for r in submissions(run_dir) if r.executor == "slurm"][-1:]
+    for job_id in dict.fromkeys([*found, *latest]):
+        # A job found through its comment never became the run's owner, so the owner lock cannot see it.
+        status = client.job_status(job_id)
+        if status is not None and not status.state.terminal:
+            raise RunBusyError(
+                f"{run_dir.path}: job {job_id} of this run is {status.state}; nothing submitted "
+                f"(air-hpc cancel {run_dir.path} stops it)"
+            )
+    attempt = Attempt(f"air-hpc-{uuid.uuid4().hex}", job_name, "slurm", time.time())
+    record_attempt(run_dir, attempt)
+    try:
+        job_id = client.sbatch(run_dir.sbatch, [f"--comment={attempt.token}"])
+    except NotRun:
+        record_not_submitted(run_dir, attempt.token)
+        raise
+    except SlurmUnreachableError as exc:
+        raise SlurmUnreachableError(
+            f"{exc}; the attempt is recorded (comment {attempt.token}): `air-hpc status {run_dir.path}` "
+            "finds the job once the controller answers, and submitting again waits until then"
+        ) from None
+    except SlurmError:
+        record_not_submitted(run_dir, attempt.token)
+        raise
+    record_submission(run_dir, job_id, "slurm", token=attempt.token)
+    return job_id

@@ -1,0 +1,181 @@
+"""A stopped or silent controller: refused fails at once, silence within one deadline; a lost sbatch answer is found."""
+
+import logging
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from air_hpc.config import load_job
+from air_hpc.errors import ConfigError, SlurmError, SlurmUnreachableError
+from air_hpc.launch.attempts import SETTLE_GRACE_S, settle
+from air_hpc.launch.control import cancel_run, run_status
+from air_hpc.launch.owner import RunBusyError
+from air_hpc.launch.runs import latest_submission, pending_attempts, submissions
+from air_hpc.launch.submit import submit
+from air_hpc.rundir import RunDir
+from air_hpc.slurm.client import DEADLINE_ENV, NotRun, SlurmClient, deadline_from_env
+from air_hpc.slurm.controller import controller_addresses, refused_everywhere
+from air_hpc.slurm.fake import FakeSlurm
+from air_hpc.slurm.jobs import JobState
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def job_in(tmp_path: Path):
+    return load_job(
+        REPO / "configs" / "jobs" / "gpt-tiny-testbed.yaml",
+        [f"run.root={tmp_path / 'runs'}", "data.path=/nonexistent.h5", "placement.topology_aware=false"],
+    )
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_slurm_conf_names_the_controller_addresses() -> None:
+    text = "# c\nSlurmctldHost=head(10.0.0.1)\nSlurmctldHost=backup\nSlurmctldPort=7000-7001 # two\nX=1\n"
+    assert controller_addresses(text) == [("10.0.0.1", 7000), ("10.0.0.1", 7001), ("backup", 7000), ("backup", 7001)]
+    assert controller_addresses("ControlMachine=old\n") == [("old", 6817)]
+    assert controller_addresses("SlurmctldPort=²\nSlurmctldHost=h\n") == [("h", 6817)]
+    assert controller_addresses("") == []
+
+
+def test_refused_only_when_every_address_refuses(tmp_path: Path) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(f"SlurmctldHost=me(127.0.0.1)\nSlurmctldPort={closed_port()}\n")
+    assert refused_everywhere({"SLURM_CONF": str(conf)})
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        conf.write_text(f"SlurmctldHost=me(127.0.0.1)\nSlurmctldPort={listening.getsockname()[1]}\n")
+        assert refused_everywhere({"SLURM_CONF": str(conf)}) == []
+    assert refused_everywhere({"SLURM_CONF": str(tmp_path / "missing.conf")}) == [], "no config: no proof"
+
+
+class Silent(SlurmClient):
+    """A controller that never answers: every command runs until its timeout (no process is started)."""
+
+    def __init__(self, deadline_s: float, retries: int = 10) -> None:
+        super().__init__(env={"SLURM_CONF": "/nonexistent"}, retries=retries, backoff_s=0.05, deadline_s=deadline_s)
+        self.timeouts: list[float] = []
+
+    def _run_once(
+        self, args: Sequence[str], input_text: str | None, timeout_s: float
+    ) -> subprocess.CompletedProcess[str]:
+        self.timeouts.append(timeout_s)
+        time.sleep(timeout_s)
+        return subprocess.CompletedProcess(list(args), 124, "", f"Socket timed out: {args[0]} gave no answer")
+
+
+def test_a_silent_controller_costs_one_deadline_with_a_line_per_retry(caplog: pytest.LogCaptureFixture) -> None:
+    client = Silent(deadline_s=1.0)
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING), pytest.raises(SlurmUnreachableError, match=r"within 1 s") as info:
+        client.job_status("5")
+    elapsed = time.monotonic() - started
+    assert elapsed < 1.5, f"{elapsed:.1f} s for a 1 s deadline"
+    assert "\n" not in str(info.value)
+    retries = [r for r in caplog.records if "retrying" in r.getMessage()]
+    assert len(retries) == len(client.timeouts) - 1 >= 1, "one warning line per retry"
+    started = time.monotonic()
+    with pytest.raises(NotRun):
+        client.scancel("5")
+    assert time.monotonic() - started < 0.1, "the rest of the command does not wait again"
+
+
+def test_refused_fails_at_once_without_running_anything(tmp_path: Path) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(f"SlurmctldHost=me(127.0.0.1)\nSlurmctldPort={closed_port()}\n")
+    client = Silent(deadline_s=30.0)
+    client.env["SLURM_CONF"] = str(conf)
+    started = time.monotonic()
+    with pytest.raises(SlurmUnreachableError, match=r"connection refused at 127\.0\.0\.1:"):
+        client.sbatch(conf)
+    assert time.monotonic() - started < 1.0 and client.timeouts == []
+
+
+def test_deadline_from_the_environment() -> None:
+    assert deadline_from_env({}) == 20.0
+    assert deadline_from_env({DEADLINE_ENV: "2.5"}) == 2.5
+    for bad in ("0", "-1", "soon", "inf", "nan"):
+        with pytest.raises(ConfigError, match=DEADLINE_ENV):
+            deadline_from_env({DEADLINE_ENV: bad})
+
+
+def test_submit_with_the_controller_stopped_records_no_job_and_fails_fast(tmp_path: Path) -> None:
+    fake = FakeSlurm()
+    fake.refused = True
+    job = job_in(tmp_path)
+    with pytest.raises(SlurmUnreachableError, match="connection refused"):
+        submit(job, "slurm", fake, step_command=["true"])
+    run_dir = RunDir.of(job)
+    assert fake.calls == [] and submissions(run_dir) == [] and pending_attempts(run_dir) == []
+
+
+def test_a_lost_sbatch_answer_is_found_by_its_comment_and_never_submitted_twice(tmp_path: Path) -> None:
+    fake = FakeSlurm()
+    fake.lose_sbatch_reply = True
+    job = job_in(tmp_path)
+    run_dir = RunDir.of(job)
+    with pytest.raises(SlurmUnreachableError, match=r"may or may not have been submitted.*attempt is recorded"):
+        submit(job, "slurm", fake, step_command=["true"])
+    (queued,) = fake.jobs.values()
+    assert queued.comment.startswith("air-hpc-")
+    assert [a.token for a in pending_attempts(run_dir)] == [queued.comment]
+    fake.lose_sbatch_reply = False
+    fake.reachable = False
+    with pytest.raises(SlurmUnreachableError, match="may have queued a job"):
+        submit(job, "slurm", fake, step_command=["true"])
+    assert len(fake.jobs) == 1, "not submitted again while the first attempt is unsettled"
+    fake.reachable = True
+    with pytest.raises(RunBusyError, match=f"job {queued.job_id} of this run is PENDING; nothing submitted"):
+        submit(job, "slurm", fake, step_command=["true"])
+    assert len(fake.jobs) == 1, "the found job is live: not submitted again"
+    fake.start(queued.job_id, "n[1-2]")
+    status = run_status(run_dir, fake)
+    assert (status.submission.job_id, status.job.state) == (queued.job_id, JobState.RUNNING)
+    with pytest.raises(RunBusyError, match=f"job {queued.job_id} of this run is RUNNING"):
+        submit(job, "slurm", fake, step_command=["true"])
+    record, cancelled = cancel_run(run_dir, fake)
+    assert (record.job_id, cancelled) == (queued.job_id, True)
+    assert fake.jobs[queued.job_id].state is JobState.CANCELLED
+    assert [r.job_id for r in submissions(run_dir)] == [queued.job_id] and pending_attempts(run_dir) == []
+
+
+def test_a_finished_job_is_found_in_accounting(tmp_path: Path) -> None:
+    fake = FakeSlurm()
+    fake.lose_sbatch_reply = True
+    job = job_in(tmp_path)
+    run_dir = RunDir.of(job)
+    with pytest.raises(SlurmUnreachableError):
+        submit(job, "slurm", fake, step_command=["true"])
+    (queued,) = fake.jobs.values()
+    fake.finish(queued.job_id)
+    fake.reachable = True  # the controller answers again
+    settle(run_dir, fake)
+    assert latest_submission(run_dir).job_id == queued.job_id
+    assert any(c[0] == "sacct" for c in fake.calls), "no longer in the queue: found in accounting"
+
+
+def test_an_attempt_that_never_reached_slurm_is_settled_after_the_grace(tmp_path: Path) -> None:
+    fake = FakeSlurm()
+    fake.lose_sbatch_reply = True
+    job = job_in(tmp_path)
+    run_dir = RunDir.of(job)
+    with pytest.raises(SlurmUnreachableError):
+        submit(job, "slurm", fake, step_command=["true"])
+    fake.jobs.clear()
+    fake.reachable = True
+    with pytest.raises(SlurmError, match="may still reach it"):
+        settle(run_dir, fake)
+    (attempt,) = pending_attempts(run_dir)
+    settle(run_dir, fake, now_s=attempt.time_s + SETTLE_GRACE_S + 1)
+    assert pending_attempts(run_dir) == [] and submissions(run_dir) == []
+    fake.lose_sbatch_reply = False
+    assert submit(job, "slurm", fake, step_command=["true"]).job_id in fake.jobs
