@@ -15,6 +15,7 @@ from pathlib import Path
 
 from air_hpc.errors import SlurmError
 from air_hpc.slurm.client import SlurmClient
+from air_hpc.slurm.jobs import ascii_int
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +72,8 @@ def _seconds(text: str | None) -> int | None:
     if text is None or _unset(text):
         return None
     word = text.split()[0]
-    if word.isdigit():
-        return int(word)
+    if (number := ascii_int(word)) is not None:
+        return number
     minutes = parse_minutes(word)
     return None if minutes is None else minutes * 60
 
@@ -84,9 +85,10 @@ def parse_exit_codes(text: str | None) -> tuple[int, ...]:
     codes: list[int] = []
     for part in text.split(","):
         first, _, last = part.strip().partition("-")
-        if not first.isdigit() or (last and not last.isdigit()):
+        low, high = ascii_int(first), ascii_int(last or first)
+        if low is None or high is None or not low <= high <= 255:  # exit codes are 0-255
             raise SlurmError(f"scontrol show config: cannot read exit codes {text!r}; expected e.g. 1,3,10-12")
-        codes.extend(range(int(first), int(last or first) + 1))
+        codes.extend(range(low, high + 1))
     return tuple(codes)
 
 
@@ -175,7 +177,7 @@ def parse_show_config(text: str) -> SlurmSettings:
         topology_plugin=topology,
         topology_param=_value(raw, "TopologyParam"),
         job_requeue=(_value(raw, "JobRequeue") or "1") != "0",
-        max_batch_requeue=int(max_requeue) if max_requeue and max_requeue.isdigit() else None,
+        max_batch_requeue=ascii_int(max_requeue) if max_requeue else None,
         requeue_exit=parse_exit_codes(raw.get("RequeueExit")),
         requeue_exit_hold=parse_exit_codes(raw.get("RequeueExitHold")),
         preempt_type=preempt_type,

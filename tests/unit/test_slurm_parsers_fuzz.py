@@ -16,6 +16,14 @@ from hypothesis import strategies as st
 from air_hpc.errors import AirHpcError
 from air_hpc.health.ibstat import parse_ibstat, select_ports
 from air_hpc.slurm.client import SlurmClient
+from air_hpc.slurm.cluster import (
+    gpus_in_gres,
+    parse_minutes,
+    parse_partitions,
+    parse_show_config,
+    parse_sinfo_groups,
+    parse_topology,
+)
 from air_hpc.slurm.jobs import (
     parse_exit_code,
     parse_sacct,
@@ -190,3 +198,47 @@ def test_unicode_digits_are_not_numbers(digit: str) -> None:
     """The issue's cases: str.isdigit accepts these, int() then fails or reads them as numbers."""
     assert parse_squeue(f"1|RUNNING|{digit}|n1|None|0|0|x")[0].nodes == 0
     assert parse_sacct(f"1|FAILED|{digit}:{digit}|1|n1|0|0|x")[0].exit_code is None
+
+
+CONFIG_KEYS = [
+    "SLURM_VERSION",
+    "MaxBatchRequeue",
+    "MessageTimeout",
+    "KillWait",
+    "SlurmctldParameters",
+    "SLURM_CONF",
+    "RequeueExit",
+    "RequeueExitHold",
+]
+
+
+@CASES
+@given(
+    st.one_of(
+        st.text(),
+        st.lists(st.tuples(st.sampled_from(CONFIG_KEYS), cell).map(" = ".join), max_size=8).map("\n".join),
+    )
+)
+@example("SLURM_VERSION = 22.05\nMaxBatchRequeue = ²")
+@example("SLURM_VERSION = 22.05\nMessageTimeout = ² sec")
+@example("SLURM_VERSION = 22.05\nRequeueExit = ²")
+@example("SLURM_VERSION = 22.05\nRequeueExitHold = 1-99999999999")
+def test_cluster_show_config(text: str) -> None:
+    only_project_errors(parse_show_config, text)
+
+
+@CASES
+@given(st.one_of(st.text(), keyed(["PartitionName", "MaxTime", "MaxNodes", "TotalNodes", "GraceTime", "Default"])))
+@example("PartitionName=p MaxNodes=² TotalNodes=²")
+def test_cluster_partitions(text: str) -> None:
+    only_project_errors(parse_partitions, text)
+
+
+@CASES
+@given(st.one_of(st.text(), lines_of(5)))
+@example("p|²|1|1|gpu:²")
+def test_cluster_sinfo_groups_topology_and_time(text: str) -> None:
+    only_project_errors(parse_sinfo_groups, text)
+    only_project_errors(parse_minutes, text)
+    parse_topology(text)
+    gpus_in_gres(text)
