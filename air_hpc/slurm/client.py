@@ -67,6 +67,19 @@ def deadline_from_env(env: Mapping[str, str]) -> float:
     return value
 
 
+#: ``scontrol show`` words answered from slurm.conf alone, without the controller.
+_OFFLINE_SCONTROL = frozenset({"hostnames", "hostlist", "hostlistsorted"})
+
+
+def talks_to_slurmctld(args: Sequence[str]) -> bool:
+    """Whether the command needs slurmctld (sacct talks to slurmdbd, ``scontrol show hostnames`` to no one)."""
+    if not args or args[0] not in ("sbatch", "squeue", "scancel", "scontrol", "sinfo", "srun", "salloc"):
+        return False
+    words = [a for a in args[1:] if not a.startswith("-")]
+    offline = args[0] == "scontrol" and len(words) > 1 and words[0] == "show" and words[1] in _OFFLINE_SCONTROL
+    return not offline
+
+
 class NotRun(SlurmUnreachableError):
     """The controller is known to be down, so the command was not even started (nothing was submitted)."""
 
@@ -107,14 +120,16 @@ class SlurmClient:
 
         A controller that refuses connections fails the call at once; one that
         does not answer is retried (one warning line each) until the client's
-        deadline, which bounds every attempt and wait together.
+        deadline, which bounds every attempt and wait together; for one more
+        deadline after that, calls fail without waiting again. ``check=False``
+        (the caller reads the answer itself, e.g. ``scontrol ping``) skips both.
         """
-        if time.monotonic() < self._down_until:
-            raise NotRun(f"Slurm controller unreachable ({self._down_reason}); {args[0]} not run")
-        refused = self.controller_refused()
-        if refused is not None:
-            self._mark_down(f"connection refused at {refused}")
-            raise NotRun(f"Slurm controller unreachable: connection refused at {refused} (is slurmctld running?)")
+        if check:
+            if time.monotonic() < self._down_until:
+                raise NotRun(f"Slurm controller unreachable ({self._down_reason}); {args[0]} not run")
+            refused = self.controller_refused() if talks_to_slurmctld(args) else None
+            if refused is not None:
+                raise NotRun(f"Slurm controller unreachable: connection refused at {refused} (is slurmctld running?)")
         deadline = time.monotonic() + self.deadline_s
         attempts = 1 + (self.retries if retry else 0)
         delay = self.backoff_s

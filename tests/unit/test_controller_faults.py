@@ -17,7 +17,7 @@ from air_hpc.launch.owner import RunBusyError
 from air_hpc.launch.runs import latest_submission, pending_attempts, submissions
 from air_hpc.launch.submit import submit
 from air_hpc.rundir import RunDir
-from air_hpc.slurm.client import DEADLINE_ENV, NotRun, SlurmClient, deadline_from_env
+from air_hpc.slurm.client import DEADLINE_ENV, NotRun, SlurmClient, deadline_from_env, talks_to_slurmctld
 from air_hpc.slurm.controller import controller_addresses, refused_everywhere
 from air_hpc.slurm.fake import FakeSlurm
 from air_hpc.slurm.jobs import JobState
@@ -98,6 +98,12 @@ def test_refused_fails_at_once_without_running_anything(tmp_path: Path) -> None:
     with pytest.raises(SlurmUnreachableError, match=r"connection refused at 127\.0\.0\.1:"):
         client.sbatch(conf)
     assert time.monotonic() - started < 1.0 and client.timeouts == []
+
+
+def test_only_commands_that_need_slurmctld_are_probed() -> None:
+    assert talks_to_slurmctld(["squeue", "--noheader"]) and talks_to_slurmctld(["scontrol", "show", "job", "5"])
+    assert not talks_to_slurmctld(["sacct", "--jobs=5"]), "accounting is slurmdbd's"
+    assert not talks_to_slurmctld(["scontrol", "show", "hostnames", "n[1-2]"])
 
 
 def test_deadline_from_the_environment() -> None:
