@@ -157,6 +157,15 @@ def _fewest_spines_then_leaves(
     spines = min_leaves(totals, count)
     # an upper bound on leaves: the fullest leaves of the fullest `spines` groups
     bound = min_leaves(sorted((free_under[lf] for g in names[:spines] for lf in groups[g]), reverse=True), count)
+    # spines with the same free leaf counts are interchangeable: more than `spines` of one kind never help
+    seen: dict[tuple[int, ...], int] = {}
+    kept = []
+    for name in names:
+        profile = tuple(free_under[leaf] for leaf in groups[name][:bound])
+        seen[profile] = seen.get(profile, 0) + 1
+        if seen[profile] <= spines:
+            kept.append(name)
+    names = kept
     prefix = [np.cumsum([0] + [free_under[leaf] for leaf in groups[g][:bound]]) for g in names]
     best = np.full((spines + 1, bound + 1), _UNREACHABLE, dtype=np.int64)
     best[0, 0] = 0
