@@ -3,7 +3,9 @@
 Start-up is paid again on every requeue and restart, so it is goodput lost each time; the
 phases say which part to cut. Each rank keeps a :class:`StartupClock`; after the first step
 of a start the ranks gather their phases (one collective) and rank 0 writes one ``startup``
-event with every rank's seconds per phase (:func:`startup_event`).
+event with every rank's seconds per phase (:func:`startup_event`), and the CPU seconds each
+rank used until its first step: on a machine shared with other work, wall time says how long
+the start took, CPU time how much work it was.
 """
 
 import statistics
@@ -36,10 +38,18 @@ def process_start_s() -> float:
 class StartupClock:
     """Seconds spent in each phase of this rank's start; :meth:`mark` closes the phase that just ended."""
 
-    def __init__(self, started_s: float, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        started_s: float,
+        clock: Callable[[], float] = time.time,
+        cpu_clock: Callable[[], float] = time.process_time,
+    ) -> None:
         self._clock = clock
+        self._cpu_clock = cpu_clock
         self._last_s = started_s
         self.phases_s: dict[str, float] = {}
+        self.cpu_to_first_step_s = 0.0
+        """This process's CPU seconds (all threads, since it was created) when its first step began."""
 
     def mark(self, phase: str) -> None:
         if phase not in PHASES:
@@ -47,10 +57,12 @@ class StartupClock:
         now = self._clock()
         self.phases_s[phase] = max(now - self._last_s, 0.0)
         self._last_s = now
+        if phase == PHASES[PHASES.index("first_step") - 1]:
+            self.cpu_to_first_step_s = self._cpu_clock()
 
     def vector(self) -> list[float]:
-        """Seconds per phase in :data:`PHASES` order (0 for a phase not passed), for a gather."""
-        return [self.phases_s.get(phase, 0.0) for phase in PHASES]
+        """Seconds per phase in :data:`PHASES` order (0 for a phase not passed), then the CPU seconds, for a gather."""
+        return [self.phases_s.get(phase, 0.0) for phase in PHASES] + [self.cpu_to_first_step_s]
 
 
 def startup_event(per_rank: Sequence[Sequence[float]], first_step: int) -> dict[str, Any]:
@@ -60,7 +72,8 @@ def startup_event(per_rank: Sequence[Sequence[float]], first_step: int) -> dict[
     its first step: the ranks meet in the first step's collectives, so the slowest one
     decides when training begins.
     """
-    ranks = [list(row) for row in per_rank]
+    ranks = [list(row[: len(PHASES)]) for row in per_rank]
+    cpu = [round(row[len(PHASES)], 4) for row in per_rank]
     before_step = [sum(row[: PHASES.index("first_step")]) for row in ranks]
     slowest = max(range(len(ranks)), key=lambda r: before_step[r]) if ranks else 0
     return {
@@ -68,6 +81,7 @@ def startup_event(per_rank: Sequence[Sequence[float]], first_step: int) -> dict[
         "ranks": len(ranks),
         "to_first_step_s": round(max(before_step, default=0.0), 4),
         "slowest_rank": slowest,
+        "cpu_to_first_step_s": cpu,
         "phases_s": {phase: [round(row[i], 4) for row in ranks] for i, phase in enumerate(PHASES)},
         "median_s": {
             phase: round(statistics.median(row[i] for row in ranks), 4) if ranks else 0.0
