@@ -36,6 +36,7 @@ COMMANDS: dict[str, str] = {
     "doctor": "air_hpc.cli.cluster_cmds:doctor",
     "cluster": "air_hpc.cli.cluster_cmds:cluster",
     "metrics": "air_hpc.cli.metrics_cmd:metrics",
+    "chaos": "air_hpc.cli.chaos_cmd:chaos",
 }
 
 

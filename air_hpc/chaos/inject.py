@@ -1,0 +1,187 @@
+"""One injector per fault kind; each strikes the job once and says what it hit.
+
+Processes are signalled only after proving they belong to the job: a rank is a
+process whose parent is ``slurmstepd`` and whose environment names this job id
+and a task rank; it is remembered by PID and start time and checked again
+right before the signal, so a recycled PID is never hit.
+"""
+
+import logging
+import random
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from air_hpc.errors import AirHpcError, UserError
+from air_hpc.rundir import RunDir
+from air_hpc.slurm.client import SlurmClient
+from air_hpc.slurm.cluster import SINFO_ARGS, parse_sinfo_groups
+
+log = logging.getLogger(__name__)
+
+#: The testbed partition that preempts others (partition priority, GraceTime), when the testbed has one.
+URGENT_PARTITION = "urgent"
+
+
+class InjectionError(AirHpcError):
+    """A fault could not be injected (the job's processes were gone, no save started in time)."""
+
+
+@dataclass(frozen=True)
+class RankProcess:
+    rank: int
+    pid: int
+    create_time: float
+    node: str
+
+    def signal(self, signum: int) -> None:
+        """Signal it only if the PID still names the same process (same start time)."""
+        try:
+            proc = psutil.Process(self.pid)
+            if proc.create_time() != self.create_time:
+                raise InjectionError(f"rank {self.rank}: PID {self.pid} now belongs to another process")
+            proc.send_signal(signum)
+        except psutil.NoSuchProcess as exc:
+            raise InjectionError(f"rank {self.rank}: PID {self.pid} is gone") from exc
+
+
+@dataclass(frozen=True)
+class Target:
+    job_id: str
+    run_dir: RunDir
+    client: SlurmClient
+    signal: str
+    """resilience.signal, e.g. ``USR2``."""
+    nodes: int
+    rng: random.Random
+
+
+def rank_processes(job_id: str) -> list[RankProcess]:
+    """The job's rank processes on this machine, by rank (the testbed's nodes all run here)."""
+    found = []
+    for proc in psutil.process_iter(["pid", "create_time", "ppid"]):
+        try:
+            env = proc.environ()
+            if env.get("SLURM_JOB_ID") != job_id or not env.get("SLURM_STEP_ID", "").isdigit():
+                continue
+            if not env.get("SLURM_PROCID", "").isdigit() or psutil.Process(proc.info["ppid"]).name() != "slurmstepd":
+                continue
+            found.append(
+                RankProcess(
+                    int(env["SLURM_PROCID"]),
+                    proc.info["pid"],
+                    proc.info["create_time"],
+                    env.get("SLURMD_NODENAME", "?"),
+                )
+            )
+        except (psutil.Error, OSError):
+            continue
+    return sorted(found, key=lambda r: r.rank)
+
+
+def _pick_rank(target: Target) -> RankProcess:
+    ranks = rank_processes(target.job_id)
+    if not ranks:
+        raise InjectionError(f"job {target.job_id}: no rank process running")
+    return target.rng.choice(ranks)
+
+
+def _describe(rank: RankProcess) -> str:
+    return f"rank {rank.rank} pid {rank.pid} on {rank.node}"
+
+
+def preempt(target: Target) -> str:
+    """What Slurm does before a time limit or a preemption: the configured signal to the batch shell."""
+    target.client.scancel(target.job_id, signal=target.signal, batch=True)
+    return f"job {target.job_id} batch shell SIG{target.signal}"
+
+
+def slurm_preempt(target: Target) -> str:
+    """A higher-priority job in the urgent partition takes the job's nodes; Slurm preempts it."""
+    status = target.client.job_status(target.job_id)
+    nodelist = status.nodelist if status else ""
+    argv = ["sbatch", "--parsable", f"--partition={URGENT_PARTITION}", f"--nodes={target.nodes}", "--time=2"]
+    if nodelist:
+        argv.append(f"--nodelist={nodelist}")
+    blocker = target.client.run([*argv, "--wrap=sleep 5"], retry=False).stdout.strip()
+    return f"blocker job {blocker} in {URGENT_PARTITION} on {nodelist or 'any nodes'}"
+
+
+def rank_kill(target: Target) -> str:
+    rank = _pick_rank(target)
+    rank.signal(signal.SIGKILL)
+    return f"SIGKILL {_describe(rank)}"
+
+
+def hang(target: Target) -> str:
+    """Freeze one rank (SIGSTOP): the others block in its collectives until the watchdog fires."""
+    rank = _pick_rank(target)
+    rank.signal(signal.SIGSTOP)
+    return f"SIGSTOP {_describe(rank)}"
+
+
+def straggler(target: Target, cycles: int = 6, stopped_s: float = 0.5, running_s: float = 0.5) -> str:
+    """Slow one rank down without stopping it: SIGSTOP/SIGCONT at a fixed duty cycle, ending running."""
+    rank = _pick_rank(target)
+    try:
+        for _ in range(cycles):
+            rank.signal(signal.SIGSTOP)
+            time.sleep(stopped_s)
+            rank.signal(signal.SIGCONT)
+            time.sleep(running_s)
+    except InjectionError:
+        log.info("straggler: %s ended during the duty cycle", _describe(rank))
+    return f"SIGSTOP/SIGCONT x{cycles} ({stopped_s:g}s/{running_s:g}s) {_describe(rank)}"
+
+
+def ckpt_kill(target: Target, timeout_s: float = 300.0, poll_s: float = 0.02) -> str:
+    """SIGKILL a rank while a checkpoint is being written (a ``.tmp-step_*`` staging directory exists)."""
+    deadline = time.monotonic() + timeout_s
+    while not _saving(target.run_dir.checkpoints):
+        if time.monotonic() > deadline:
+            raise InjectionError(f"no checkpoint save started within {timeout_s:g} s")
+        time.sleep(poll_s)
+    rank = _pick_rank(target)
+    rank.signal(signal.SIGKILL)
+    return f"SIGKILL {_describe(rank)} during a save"
+
+
+def _saving(checkpoints: Path) -> bool:
+    return checkpoints.is_dir() and any(p.name.startswith(".tmp-step_") for p in checkpoints.iterdir())
+
+
+INJECTORS: dict[str, Callable[[Target], str]] = {
+    "preempt": preempt,
+    "slurm-preempt": slurm_preempt,
+    "rank-kill": rank_kill,
+    "hang": hang,
+    "straggler": straggler,
+    "ckpt-kill": ckpt_kill,
+}
+
+
+#: Kinds no injector can strike on the testbed yet, with why.
+UNSUPPORTED: dict[str, str] = {"node-kill": "the testbed cannot restart a killed node's slurmd yet"}
+
+
+def check_kinds(kinds: tuple[str, ...]) -> None:
+    """Refuse, before anything runs, kinds no injector here can strike."""
+    for kind in kinds:
+        if kind in UNSUPPORTED:
+            raise UserError(f"--faults {kind}: unsupported on this testbed ({UNSUPPORTED[kind]})")
+
+
+def check_cluster(kinds: tuple[str, ...], client: SlurmClient) -> None:
+    """Refuse kinds the running cluster cannot host (slurm-preempt needs the urgent partition)."""
+    if "slurm-preempt" not in kinds:
+        return
+    partitions = sorted(parse_sinfo_groups(client.run(list(SINFO_ARGS)).stdout))
+    if URGENT_PARTITION not in partitions:
+        raise UserError(
+            f"--faults slurm-preempt: unsupported on this testbed (no {URGENT_PARTITION!r} partition; "
+            f"it has {', '.join(partitions) or 'none'})"
+        )

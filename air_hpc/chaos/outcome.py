@@ -1,0 +1,149 @@
+"""What each injected fault cost, and the campaign's verdict: pure functions of the run's records.
+
+Per fault: when it was noticed (the first event that reacts to it: the batch
+shell's signal, a stop, hang or requeue), how long until the first step after
+the restart (the next ``start`` event) finished, and how many steps had to be
+trained again: the furthest step reached (logged when it struck, or before the
+restart) less the checkpoint step the restart loaded (0 when none was usable). "Nothing
+lost" means the run completed, every fault was recovered from, and every logged
+loss and the final weights equal the uninterrupted reference's bit for bit;
+steps trained again are work lost, reported, not state lost.
+"""
+
+from dataclasses import asdict, dataclass
+
+from air_hpc.chaos.schedule import NO_RESTART_KINDS, Fault
+from air_hpc.observe.compare import Comparison
+from air_hpc.observe.records import RESUME_KIND, START_KIND, RunRecords
+
+#: Events that show the job noticed a fault (the batch shell, the ranks' stop, the watchdog, the requeue).
+DETECTION_KINDS = frozenset(
+    {"signal", "stop", "hang", "unhealthy", "requeue", "straggler", "rank_failed", "node_failed"}
+)
+
+
+@dataclass(frozen=True)
+class Injection:
+    fault: Fault
+    injected_s: float
+    target: str
+    """What was hit: ``job 12 batch``, ``rank 3 pid 4242 on n2``, ``node n3``."""
+    step: int = 0
+    """The last step logged when it struck (a resume may drop the metrics of steps trained again)."""
+    missed: str = ""
+    """Why the fault could not be injected (then it counts as not recovered from)."""
+
+
+@dataclass(frozen=True)
+class FaultOutcome:
+    number: int
+    kind: str
+    target: str
+    injected_s: float
+    detected_after_s: float | None
+    resumed_after_s: float | None
+    """Injection to the end of the first step trained after it (None: training never went on)."""
+    resumed_from_step: int | None
+    """The checkpoint step the restart loaded; None when the fault caused no restart."""
+    steps_lost: int
+
+
+@dataclass(frozen=True)
+class CampaignResult:
+    faults: tuple[FaultOutcome, ...]
+    final_state: str
+    comparison: Comparison
+    goodput: float | None
+    reference_goodput: float | None
+
+    @property
+    def nothing_lost(self) -> bool:
+        recovered = all(f.resumed_after_s is not None for f in self.faults)
+        return self.final_state == "COMPLETED" and recovered and self.comparison.identical
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "faults": [asdict(f) for f in self.faults],
+            "final_state": self.final_state,
+            "losses_equal": self.comparison.losses_equal,
+            "weights_equal": self.comparison.weights_equal,
+            "loss_mismatches": list(self.comparison.loss_mismatches),
+            "weights_note": self.comparison.weights_note,
+            "goodput": self.goodput,
+            "reference_goodput": self.reference_goodput,
+            "nothing_lost": self.nothing_lost,
+        }
+
+
+def fault_outcome(records: RunRecords, injection: Injection, until_s: float) -> FaultOutcome:
+    """The outcome of one fault, from the records between its injection and ``until_s`` (the next one's)."""
+    since = injection.injected_s
+    if injection.missed:
+        return FaultOutcome(
+            injection.fault.number,
+            injection.fault.kind,
+            f"not injected: {injection.missed}",
+            since,
+            None,
+            None,
+            None,
+            0,
+        )
+    events = [e for e in records.events if since <= e.time_s < until_s]
+    detected = next((e.time_s - since for e in events if e.kind in DETECTION_KINDS), None)
+    restart = next((e for e in events if e.kind == START_KIND), None)
+    after = [s for s in records.steps if s.time_s is not None and since < s.time_s < until_s]
+    if restart is None:  # recovered only if the kind needs no restart: then the first step after it counts
+        first = after[0] if after and injection.fault.kind in NO_RESTART_KINDS else None
+        resumed_from, lost = None, 0
+    else:
+        resume = next((e for e in events if e.kind == RESUME_KIND and e.time_s >= restart.time_s), None)
+        step = resume.number("step") if resume else None
+        resumed_from = int(step) if step is not None else 0  # no resume event: started from scratch
+        first = next((s for s in after if s.time_s is not None and s.time_s > restart.time_s), None)
+        before = [s.step for s in records.steps if s.time_s is not None and s.time_s < restart.time_s]
+        lost = max(max(before, default=0), injection.step) - resumed_from
+    return FaultOutcome(
+        number=injection.fault.number,
+        kind=injection.fault.kind,
+        target=injection.target,
+        injected_s=since,
+        detected_after_s=detected,
+        resumed_after_s=None if first is None or first.time_s is None else first.time_s - since,
+        resumed_from_step=resumed_from,
+        steps_lost=max(lost, 0),
+    )
+
+
+def outcomes(records: RunRecords, injections: list[Injection]) -> tuple[FaultOutcome, ...]:
+    bounds = [i.injected_s for i in injections[1:]] + [float("inf")]
+    return tuple(fault_outcome(records, i, until) for i, until in zip(injections, bounds, strict=True))
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def format_result(result: CampaignResult) -> str:
+    lines = [f"{'#':>2} {'kind':<13} {'detected':>9} {'resumed':>9} {'from':>5} {'lost':>4}  target"]
+    for f in result.faults:
+        resumed_from = "-" if f.resumed_from_step is None else str(f.resumed_from_step)
+        lines.append(
+            f"{f.number:>2} {f.kind:<13} {_seconds(f.detected_after_s):>9} {_seconds(f.resumed_after_s):>9} "
+            f"{resumed_from:>5} {f.steps_lost:>4}  {f.target}"
+        )
+    comparison = result.comparison
+    same = "bit-for-bit equal to the reference"
+    lines += [
+        f"final state  {result.final_state}",
+        f"losses       {same if comparison.losses_equal else 'DIFFER'}",
+        *(f"  {m}" for m in comparison.loss_mismatches[:5]),
+        f"weights      {same if comparison.weights_equal else 'DIFFER: ' + comparison.weights_note}",
+        f"goodput      {_percent(result.goodput)} (reference {_percent(result.reference_goodput)})",
+        "verdict      nothing lost" if result.nothing_lost else "verdict      LOST: see above",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,211 @@
+"""The fault schedule, the bit-for-bit comparison, each fault's outcome and the campaign's verdict; bad input."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from air_hpc.chaos.inject import check_cluster, check_kinds
+from air_hpc.chaos.outcome import CampaignResult, Injection, fault_outcome, format_result, outcomes
+from air_hpc.chaos.schedule import FAULT_KINDS, Fault, parse_kinds, plan
+from air_hpc.errors import UserError
+from air_hpc.observe.compare import Comparison, compare_runs, loss_mismatches
+from air_hpc.observe.records import RunRecords, parse_events, parse_steps
+from air_hpc.resilience.store import FileEntry, Manifest, step_name
+from air_hpc.rundir import RunDir
+from air_hpc.slurm.client import SlurmClient
+from tests.unit.test_cli import TESTBED_JOB, run_main
+
+# ---- schedule ----------------------------------------------------------------
+
+
+def test_the_same_seed_gives_the_same_schedule_and_another_seed_another() -> None:
+    kinds = ("preempt", "rank-kill", "hang")
+    assert plan(kinds, 5, seed=7, total_steps=12) == plan(kinds, 5, seed=7, total_steps=12)
+    assert plan(kinds, 5, seed=7, total_steps=12) != plan(kinds, 5, seed=8, total_steps=12)
+
+
+def test_every_kind_strikes_before_any_repeats_at_ascending_steps_inside_the_run() -> None:
+    faults = plan(FAULT_KINDS, 8, seed=3, total_steps=12)
+    assert [f.number for f in faults] == list(range(1, 9))
+    assert set(f.kind for f in faults) == set(FAULT_KINDS)
+    steps = [f.after_step for f in faults]
+    assert steps == sorted(steps) and steps[0] >= 1 and steps[-1] <= 11
+    assert all(0.0 <= f.delay_s <= 1.0 for f in faults)
+    assert plan(("preempt",), 0, seed=1, total_steps=12) == ()
+
+
+def test_fault_kinds_are_parsed_once_each() -> None:
+    assert parse_kinds(" preempt,hang,preempt ") == ("preempt", "hang")
+
+
+@pytest.mark.parametrize("text", ["preempt,meteor", "", ","])
+def test_an_unknown_fault_kind_is_a_user_error(text: str) -> None:
+    with pytest.raises(UserError, match=r"--faults .*expected a comma-separated list of preempt"):
+        parse_kinds(text)
+
+
+def test_a_negative_count_or_a_one_step_run_is_a_user_error() -> None:
+    with pytest.raises(UserError, match="--count -1: expected 0 or more"):
+        plan(("preempt",), -1, seed=1, total_steps=10)
+    with pytest.raises(UserError, match=r"train\.steps 1"):
+        plan(("preempt",), 1, seed=1, total_steps=1)
+
+
+def test_node_kill_is_refused_and_slurm_preempt_needs_the_urgent_partition() -> None:
+    with pytest.raises(UserError, match="--faults node-kill: unsupported"):
+        check_kinds(("preempt", "node-kill"))
+    check_kinds(("preempt", "rank-kill", "hang", "straggler", "ckpt-kill", "slurm-preempt"))
+
+    class Sinfo(SlurmClient):
+        def __init__(self, text: str) -> None:
+            super().__init__(env={})
+            self.text = text
+
+        def run(self, args: object, **_: object) -> subprocess.CompletedProcess[str]:
+            return subprocess.CompletedProcess([], 0, self.text, "")
+
+    with pytest.raises(UserError, match="no 'urgent' partition; it has debug"):
+        check_cluster(("slurm-preempt",), Sinfo("debug|8|2|1000|(null)\n"))
+    check_cluster(("slurm-preempt",), Sinfo("debug|8|2|1000|(null)\nurgent|8|2|1000|(null)\n"))
+    check_cluster(("preempt",), Sinfo(""))
+
+
+# ---- comparison --------------------------------------------------------------
+
+
+def test_every_logged_loss_must_equal_the_reference_bit_for_bit() -> None:
+    reference = [(1, 5.0), (2, 4.5), (3, 4.25)]
+    retrained = [(1, 5.0), (2, 4.5), (2, 4.5), (3, 4.25)]  # step 2 trained again after a restart
+    assert loss_mismatches(retrained, reference) == ()
+    assert loss_mismatches([(1, 5.0), (2, 4.500000000000001)], reference) == (
+        "step 2: 4.500000000000001 != 4.5 (reference)",
+        "step 3: not logged",
+    )
+    assert loss_mismatches([*reference, (4, 1.0)], reference) == ("step 4: not in the reference",)
+
+
+def _run(root: Path, name: str, losses: list[tuple[int, float]], shards: dict[str, str] | None) -> RunDir:
+    run_dir = RunDir(root / name)
+    run_dir.path.mkdir(parents=True)
+    run_dir.metrics.write_text("".join(json.dumps({"step": s, "loss": v}) + "\n" for s, v in losses))
+    if shards is not None:
+        directory = run_dir.checkpoints / step_name(3)
+        directory.mkdir(parents=True)
+        files = tuple(FileEntry(p, 10, h) for p, h in {**shards, "common.pt": "x"}.items())
+        (directory / "manifest.json").write_text(Manifest(step=3, files=files, created_s=1.0).to_json())
+    return run_dir
+
+
+def test_compare_runs_checks_losses_and_the_final_shards(tmp_path: Path) -> None:
+    losses = [(1, 5.0), (2, 4.5), (3, 4.25)]
+    shards = {"__0_0.distcp": "aa", "__1_0.distcp": "bb"}
+    reference = _run(tmp_path, "reference", losses, shards)
+    assert compare_runs(_run(tmp_path, "same", losses, shards), reference, 3).identical
+    other = compare_runs(_run(tmp_path, "other", losses, {**shards, "__1_0.distcp": "cc"}), reference, 3)
+    assert (
+        other.losses_equal and not other.weights_equal and "1 shard(s) differ, e.g. __1_0.distcp" in other.weights_note
+    )
+    missing = compare_runs(_run(tmp_path, "unsaved", losses[:2], None), reference, 3)
+    assert not missing.losses_equal and not missing.weights_equal and "no manifest" in missing.weights_note
+
+
+# ---- outcomes and verdict ------------------------------------------------------
+
+
+def _records(steps: list[tuple[int, float]], events: list[dict[str, object]]) -> RunRecords:
+    rows = [{"step": s, "loss": 1.0, "step_time_s": 1.0, "time": t} for s, t in steps]
+    return RunRecords(
+        steps=parse_steps(rows), events=parse_events(events), starts_s=(), total_steps=10, tokens_per_step=1
+    )
+
+
+def _injection(number: int, kind: str, at: float, missed: str = "", step: int = 0) -> Injection:
+    return Injection(Fault(number, kind, 1, 0.0), at, "" if missed else "rank 1 pid 9 on n2", step, missed)
+
+
+def test_a_killed_rank_is_detected_resumed_and_its_steps_since_the_checkpoint_counted_lost() -> None:
+    records = _records(
+        [(1, 101.0), (2, 102.0), (3, 103.0), (4, 104.0), (4, 131.0), (5, 132.0)],
+        [
+            {"time": 103.5, "kind": "checkpoint_saved", "step": 3},
+            {"time": 104.9, "kind": "requeue", "exit_code": 86},
+            {"time": 129.0, "kind": "start", "generation": "7-1"},
+            {"time": 130.0, "kind": "resume", "step": 3},
+        ],
+    )
+    outcome = fault_outcome(records, _injection(1, "rank-kill", 104.5), float("inf"))
+    assert (outcome.detected_after_s, outcome.resumed_after_s) == (pytest.approx(0.4), pytest.approx(26.5))
+    assert (outcome.resumed_from_step, outcome.steps_lost) == (3, 1)
+
+
+def test_a_restart_without_a_usable_checkpoint_lost_every_step_reached() -> None:
+    """The restarted run dropped the metrics it trained again: the step reached when the fault struck counts."""
+    records = _records(
+        [(1, 181.0), (2, 182.0)],
+        [{"time": 126.0, "kind": "hang", "step": 4}, {"time": 176.0, "kind": "start"}],
+    )
+    outcome = fault_outcome(records, _injection(1, "hang", 104.0, step=3), float("inf"))
+    assert (outcome.detected_after_s, outcome.resumed_after_s) == (pytest.approx(22.0), pytest.approx(77.0))
+    assert (outcome.resumed_from_step, outcome.steps_lost) == (0, 3)
+
+
+def test_a_straggler_needs_no_restart_and_a_missed_fault_never_recovered() -> None:
+    records = _records([(1, 101.0), (2, 102.0), (3, 109.0)], [])
+    first, second = outcomes(records, [_injection(1, "straggler", 102.5), _injection(2, "ckpt-kill", 110.0, "gone")])
+    assert (first.resumed_after_s, first.resumed_from_step, first.steps_lost) == (pytest.approx(6.5), None, 0)
+    assert first.detected_after_s is None
+    assert second.resumed_after_s is None and second.target == "not injected: gone"
+
+
+def test_nothing_lost_needs_completion_recovery_and_bit_for_bit_equality() -> None:
+    events = [
+        {"time": 102.0, "kind": "signal"},
+        {"time": 138.0, "kind": "start"},
+        {"time": 139.0, "kind": "resume", "step": 1},
+    ]
+    records = _records([(1, 101.0), (2, 140.0)], events)
+    recovered = outcomes(records, [_injection(1, "preempt", 101.5)])
+    same = Comparison(True, True, (), "")
+
+    def result(faults: tuple = recovered, state: str = "COMPLETED", comparison: Comparison = same) -> CampaignResult:
+        return CampaignResult(faults, state, comparison, 0.5, 0.8)
+
+    assert result().nothing_lost
+    assert not result(state="FAILED").nothing_lost
+    assert not result(comparison=Comparison(False, True, ("step 2: not logged",), "")).nothing_lost
+    assert not result(faults=outcomes(records, [_injection(1, "hang", 139.5)])).nothing_lost  # no resume after it
+    text = format_result(result(comparison=Comparison(False, True, ("step 2: not logged",), "")))
+    assert " 1 preempt" in text and "losses       DIFFER\n  step 2: not logged" in text
+    assert "goodput      50.0% (reference 80.0%)" in text and "verdict      LOST" in text
+    assert result().to_json()["nothing_lost"] is True
+
+
+# ---- the command's bad input -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--faults", "preempt,meteor", "--count", "2"], "unknown fault kind(s) 'meteor'"),
+        (["--faults", "preempt", "--count", "-1"], "--count -1: expected 0 or more faults"),
+        (["--faults", "node-kill", "--count", "1"], "--faults node-kill: unsupported on this testbed"),
+    ],
+)
+def test_chaos_bad_input_is_one_line_and_exit_2(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out, err = run_main(["chaos", TESTBED_JOB, *args, "--state-dir", str(tmp_path / "tb")], capsys)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and out == ""
+    assert not (tmp_path / "tb").exists()  # refused before the testbed starts
+
+
+def test_chaos_refuses_a_job_for_another_cluster(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "clusters").mkdir()
+    (tmp_path / "clusters" / "prod.yaml").write_text("partition: batch\n")
+    (tmp_path / "jobs").mkdir()
+    job = tmp_path / "jobs" / "job.yaml"
+    job.write_text(Path(TESTBED_JOB).read_text().replace("cluster: testbed", "cluster: prod"))
+    code, _, err = run_main(["chaos", str(job), "--faults", "preempt", "--count", "1"], capsys)
+    assert code == 2 and "air-hpc chaos runs only on the local testbed" in err and len(err.strip().splitlines()) == 1
