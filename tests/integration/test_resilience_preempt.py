@@ -8,7 +8,6 @@ next start resumes. Both are compared with one uninterrupted run on this machine
 """
 
 import contextlib
-import json
 import re
 import signal
 import time
@@ -21,6 +20,7 @@ import pytest
 from air_hpc.config.load import load_job
 from air_hpc.exitcodes import ExitCode
 from air_hpc.launch.submit import submit as submit_slurm
+from air_hpc.observe.compare import shard_hashes
 from air_hpc.observe.records import load_records
 from air_hpc.observe.report import build_report, format_report
 from air_hpc.resilience.events import read_events
@@ -78,11 +78,6 @@ def signal_tasks(handle: Any, expected: int = 4) -> None:
     for proc in [*tasks, *(c for t in tasks for c in t.children(recursive=True))]:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.send_signal(signal.SIGUSR2)
-
-
-def shard_hashes(run_dir: RunDir, step: int) -> dict[str, str]:
-    manifest = json.loads((run_dir.checkpoints / f"step_{step:07d}" / "manifest.json").read_text())
-    return {f["path"]: f["sha256"] for f in manifest["files"] if f["path"].endswith(".distcp")}
 
 
 @pytest.fixture(scope="module")
