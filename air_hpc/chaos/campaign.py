@@ -167,6 +167,7 @@ def run_campaign(
     records = load_records(run_dir)
     mine, theirs = build_report(records), build_report(load_records(RunDir(reference.run_dir)))
     result = CampaignResult(
+        scheduled=len(faults),
         faults=outcomes(records, injections),
         final_state=final_state,
         comparison=compare_runs(run_dir, RunDir(reference.run_dir), chaos_job.train.steps),

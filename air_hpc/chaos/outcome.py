@@ -50,6 +50,8 @@ class FaultOutcome:
 
 @dataclass(frozen=True)
 class CampaignResult:
+    scheduled: int
+    """Faults the schedule held; fewer outcomes mean the job ended before the rest could strike."""
     faults: tuple[FaultOutcome, ...]
     final_state: str
     comparison: Comparison
@@ -58,11 +60,12 @@ class CampaignResult:
 
     @property
     def nothing_lost(self) -> bool:
-        recovered = all(f.resumed_after_s is not None for f in self.faults)
+        recovered = len(self.faults) == self.scheduled and all(f.resumed_after_s is not None for f in self.faults)
         return self.final_state == "COMPLETED" and recovered and self.comparison.identical
 
     def to_json(self) -> dict[str, object]:
         return {
+            "scheduled": self.scheduled,
             "faults": [asdict(f) for f in self.faults],
             "final_state": self.final_state,
             "losses_equal": self.comparison.losses_equal,
@@ -116,7 +119,7 @@ def fault_outcome(records: RunRecords, injection: Injection, until_s: float) -> 
 
 
 def outcomes(records: RunRecords, injections: list[Injection]) -> tuple[FaultOutcome, ...]:
-    bounds = [i.injected_s for i in injections[1:]] + [float("inf")]
+    bounds = [i.injected_s for i in injections[1:]] + [float("inf")] * bool(injections)
     return tuple(fault_outcome(records, i, until) for i, until in zip(injections, bounds, strict=True))
 
 
@@ -136,6 +139,8 @@ def format_result(result: CampaignResult) -> str:
             f"{f.number:>2} {f.kind:<13} {_seconds(f.detected_after_s):>9} {_seconds(f.resumed_after_s):>9} "
             f"{resumed_from:>5} {f.steps_lost:>4}  {f.target}"
         )
+    if len(result.faults) < result.scheduled:
+        lines.append(f"   {result.scheduled - len(result.faults)} more fault(s) scheduled: the job ended first")
     comparison = result.comparison
     same = "bit-for-bit equal to the reference"
     lines += [

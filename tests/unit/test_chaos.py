@@ -170,10 +170,12 @@ def test_nothing_lost_needs_completion_recovery_and_bit_for_bit_equality() -> No
     same = Comparison(True, True, (), "")
 
     def result(faults: tuple = recovered, state: str = "COMPLETED", comparison: Comparison = same) -> CampaignResult:
-        return CampaignResult(faults, state, comparison, 0.5, 0.8)
+        return CampaignResult(1, faults, state, comparison, 0.5, 0.8)
 
     assert result().nothing_lost
     assert not result(state="FAILED").nothing_lost
+    assert not result(faults=outcomes(records, [])).nothing_lost  # the job ended before the fault could strike
+    assert "1 more fault(s) scheduled: the job ended first" in format_result(result(faults=()))
     assert not result(comparison=Comparison(False, True, ("step 2: not logged",), "")).nothing_lost
     assert not result(faults=outcomes(records, [_injection(1, "hang", 139.5)])).nothing_lost  # no resume after it
     text = format_result(result(comparison=Comparison(False, True, ("step 2: not logged",), "")))
