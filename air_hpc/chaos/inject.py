@@ -20,11 +20,9 @@ from air_hpc.errors import AirHpcError, UserError
 from air_hpc.rundir import RunDir
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.cluster import SINFO_ARGS, parse_sinfo_groups
+from air_hpc.testbed.conf import URGENT_PARTITION
 
 log = logging.getLogger(__name__)
-
-#: The testbed partition that preempts others (partition priority, GraceTime), when the testbed has one.
-URGENT_PARTITION = "urgent"
 
 
 class InjectionError(AirHpcError):
@@ -101,14 +99,13 @@ def preempt(target: Target) -> str:
 
 
 def slurm_preempt(target: Target) -> str:
-    """A higher-priority job in the urgent partition takes the job's nodes; Slurm preempts it."""
+    """A short job in the urgent partition takes the job's nodes; Slurm preempts (signals, requeues) the job."""
     status = target.client.job_status(target.job_id)
-    nodelist = status.nodelist if status else ""
-    argv = ["sbatch", "--parsable", f"--partition={URGENT_PARTITION}", f"--nodes={target.nodes}", "--time=2"]
-    if nodelist:
-        argv.append(f"--nodelist={nodelist}")
-    blocker = target.client.run([*argv, "--wrap=sleep 5"], retry=False).stdout.strip()
-    return f"blocker job {blocker} in {URGENT_PARTITION} on {nodelist or 'any nodes'}"
+    if status is None or not status.nodelist:
+        raise InjectionError(f"job {target.job_id}: no nodes to preempt")
+    argv = ["sbatch", "--parsable", f"--partition={URGENT_PARTITION}", f"--nodelist={status.nodelist}", "--exclusive"]
+    blocker = target.client.run([*argv, "--output=/dev/null", "--wrap=sleep 1"], retry=False).stdout.strip()
+    return f"job {blocker} in {URGENT_PARTITION} on {status.nodelist}"
 
 
 def rank_kill(target: Target) -> str:
