@@ -144,6 +144,7 @@ class Testbed:
         if state:
             log.warning("testbed in %s was partly running; restarting it", self.layout.root)
             self.down()
+        self._stop_node_processes()  # job steps a crashed testbed (or an older down) left behind
         missing = missing_packages()
         if missing:
             raise TestbedError(
@@ -158,9 +159,10 @@ class Testbed:
         return self.status()
 
     def down(self, timeout_s: float = 30.0) -> list[Daemon]:
-        """Stop every daemon (and the job processes under each slurmd) that ``up`` started."""
+        """Stop every daemon ``up`` started and every process of the nodes: job steps (slurmstepd) included."""
         state = self._read_state()
         if not state:
+            self._stop_node_processes(timeout_s)
             return []
         daemons = [Daemon(**d) for d in state["daemons"]]
         self._cancel_jobs(daemons)
@@ -179,8 +181,46 @@ class Testbed:
                     p.kill()
             psutil.wait_procs(alive, timeout=timeout_s / 2)
             stopped.append(daemon)
+        self._stop_node_processes(timeout_s)
         self.layout.state_json.unlink(missing_ok=True)
         return stopped
+
+    def node_processes(self) -> list[psutil.Process]:
+        """Every process inside this testbed's node namespaces: slurmd, slurmstepd, the jobs' tasks.
+
+        slurmstepd daemonizes out of slurmd's process tree, so the tree does not find it. Each
+        slurmd runs in its own mount namespace with this testbed's hosts file bound on /etc/hosts,
+        and everything it starts inherits that: a process whose /etc/hosts is this very file
+        (same device and inode) is one of ours, whatever its PID.
+        """
+        try:
+            ours = os.stat(self.layout.hosts)
+        except FileNotFoundError:
+            return []
+        found = []
+        for proc in psutil.process_iter():
+            try:
+                seen = os.stat(f"/proc/{proc.pid}/root/etc/hosts")
+            except OSError:
+                continue
+            if (seen.st_dev, seen.st_ino) == (ours.st_dev, ours.st_ino) and proc.pid != os.getpid():
+                found.append(proc)
+        return found
+
+    def _stop_node_processes(self, timeout_s: float = 30.0) -> None:
+        """TERM, then KILL, whatever still runs in this testbed's node namespaces."""
+        procs = self.node_processes()
+        if not procs:
+            return
+        log.info("stopping %d process(es) left in the testbed's nodes: %s", len(procs), [p.pid for p in procs])
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                proc.terminate()
+        _, alive = psutil.wait_procs(procs, timeout=min(5.0, timeout_s / 2))
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(alive, timeout=timeout_s / 2)
 
     def status(self) -> dict[str, Any]:
         state = self._read_state()

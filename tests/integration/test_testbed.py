@@ -1,8 +1,10 @@
 """The embedded testbed is a real multi-node Slurm: placement, hostnames, accounting, clean shutdown."""
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -103,3 +105,41 @@ def test_second_testbed_side_by_side_and_down_leaves_no_daemon(testbed, tmp_path
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert testbed.testbed.status()["up"], "bringing the second testbed down must not touch the first"
     assert other.status()["up"] is False
+
+
+def start_a_long_step(bed: Testbed, tmp_path: Path, name: str) -> None:
+    marker = tmp_path / f"{name}-started"
+    bed.client().run(
+        ["sbatch", "-N2", "-o", str(tmp_path / name), "--wrap", f"srun bash -c 'touch {marker}; exec sleep 600'"],
+        retry=False,
+    )
+    deadline = time.monotonic() + 60
+    while not marker.exists():
+        assert time.monotonic() < deadline, "the job step never started"
+        time.sleep(0.2)
+    names = {p.name() for p in bed.node_processes()}
+    assert {"slurmd", "slurmstepd", "sleep"} <= names, names
+
+
+def test_down_stops_job_steps_and_up_works_after_the_slurmds_died_mid_job(testbed, tmp_path: Path) -> None:
+    """slurmstepd leaves slurmd's process tree: a killed slurmd used to orphan it and make ``up`` hang."""
+    other = Testbed(tmp_path / "busy")
+    other.up((1, 1))
+    try:
+        start_a_long_step(other, tmp_path, "first")
+        slurmds = [psutil.Process(d["pid"]) for n, d in other.status()["daemons"].items() if n.startswith("slurmd-")]
+        for slurmd in slurmds:
+            slurmd.send_signal(signal.SIGKILL)  # the job's slurmstepd processes are orphaned
+        psutil.wait_procs(slurmds, timeout=10)
+        started = time.monotonic()
+        status = other.up((1, 1), timeout_s=60)  # partly running: restarts, leaving no orphan behind
+        assert status["nodes"] == {"n1": "idle", "n2": "idle"}
+        assert time.monotonic() - started < 60
+        start_a_long_step(other, tmp_path, "second")
+        other.down()
+        assert other.node_processes() == []  # no slurmstepd, no task of this testbed is left
+        assert other.up((1, 1))["up"]
+    finally:
+        other.down()
+    assert other.node_processes() == []
+    assert testbed.testbed.status()["up"], "the session's testbed is untouched"
