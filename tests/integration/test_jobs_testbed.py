@@ -232,7 +232,7 @@ def test_one_live_job_per_run_directory(testbed: Any, tmp_path: Path, payload: P
     fenced = (run.logs / f"slurm-{rogue}.err").read_text()
     assert f"belongs to job {first.job_id}, not to this job {rogue}: exiting before writing anything" in fenced
     assert not list(run.logs.glob("rank-*.log"))
-    assert not run.metrics.exists() and not run.checkpoints.exists() and not run.heartbeat.exists()
+    assert not run.metrics.exists() and not run.checkpoints.exists() and not (run.heartbeat / f"{rogue}-0").exists()
     testbed.client.scancel(first.job_id)
     assert wait_state(testbed, first.job_id, 30) is JobState.CANCELLED
     second = submit_payload(testbed, tmp_path, payload, "quick", "owned")  # the ended owner's claim is stale
