@@ -102,6 +102,12 @@ class ResourcesConfig(Section):
         False,
         description="Allow tasks_per_node below the hardware's gpus_per_node on GPU hardware (the rest sit idle).",
     )
+    spare_nodes: int = Field(
+        0,
+        ge=0,
+        description="Hot spares allocated beside the nodes: a step that loses a node restarts in the same job "
+        "on a spare (the nearest in the topology) instead of requeueing.",
+    )
 
     @property
     def world_size(self) -> int:

@@ -34,6 +34,8 @@ PHASES: tuple[Phase, ...] = get_args(Phase)
 
 #: File in a generation directory holding the exit code the batch script should act on.
 EXIT_CODE_FILE = "exit_code"
+#: Set by the in-job supervisor: which of its step starts this is (a restart inside one job start).
+STEP_ATTEMPT_ENV = "AIR_HPC_STEP_ATTEMPT"
 
 
 @dataclass(frozen=True)
@@ -55,9 +57,13 @@ def generation(environ: Mapping[str, str]) -> str:
     """``<job id>-<restart count>``: the same on every rank of one start, new on each requeue.
 
     The batch script computes the same name in bash (``$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}``).
+    Under the in-job supervisor each step start adds ``.<attempt>``, so a restart's
+    heartbeats and verdict never mix with those of the step before it.
     """
     job_id = environ.get("SLURM_JOB_ID") or environ.get("SUBMITIT_LOCAL_JOB_ID") or "local"
-    return f"{job_id}-{environ.get('SLURM_RESTART_COUNT') or 0}"
+    name = f"{job_id}-{environ.get('SLURM_RESTART_COUNT') or 0}"
+    attempt = environ.get(STEP_ATTEMPT_ENV)
+    return f"{name}.{attempt}" if attempt else name
 
 
 def generation_dir(run_dir: RunDir, name: str) -> Path:

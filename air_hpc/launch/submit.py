@@ -16,6 +16,7 @@ The run directory records the resolved config (job.json), the script
 resume all start from it.
 """
 
+import contextlib
 import logging
 import tempfile
 import time
@@ -106,7 +107,7 @@ def node_request(job: JobConfig, available: set[str] | None = None) -> tuple[Nod
         return NodeRequest(exclude=exclude), (f"node count only: {reason}",)
     from air_hpc.topology import files
     from air_hpc.topology.place import place_selection
-    from air_hpc.topology.select import select_nodes
+    from air_hpc.topology.select import select_nodes, select_spares
 
     try:
         text = topo.read_text()
@@ -114,12 +115,22 @@ def node_request(job: JobConfig, available: set[str] | None = None) -> tuple[Nod
         raise ConfigError(f"cluster.topology_file: cannot read {topo}: {exc.strerror or exc}") from None
     fabric = files.read_topology(text, str(topo))
     if isinstance(fabric, BlockTopology):
+        if job.resources.spare_nodes:
+            raise ConfigError(
+                f"resources.spare_nodes: hot spares need a tree topology_file; {topo} is a topology/block file "
+                "(set resources.spare_nodes: 0, or placement.topology_aware: false)"
+            )
         return _block_request(job, fabric, available, set(bad), exclude)
+    check_cluster_size(job, len(fabric.nodes), f"cluster.topology_file {topo}")
     everything = set(fabric.nodes) - set(bad)
     candidates = everything if available is None else set(available) - set(bad)
     notes: list[str] = []
     try:
         selection = select_nodes(fabric, candidates, job.resources.nodes)
+        if job.resources.spare_nodes:
+            # The spares belong in the same switch tree: choose them together, then the nodes among them.
+            group = select_nodes(fabric, candidates, job.resources.nodes + job.resources.spare_nodes)
+            selection = select_nodes(fabric, set(group.nodes), job.resources.nodes)
     except TopologyError as exc:
         if candidates == everything:
             raise
@@ -140,7 +151,21 @@ def node_request(job: JobConfig, available: set[str] | None = None) -> tuple[Nod
     )
     if placement.fallback:
         notes.append(f"rank order: switch order ({placement.fallback})")
-    return NodeRequest(nodelist=selection.nodelist, rank_hosts=placement.ranks, exclude=exclude), tuple(notes)
+    spares = select_spares(fabric, selection.nodes, candidates, job.resources.spare_nodes)
+    if spares:
+        notes.append(f"hot spare(s) {hostlists.compress(spares)}")
+    nodelist = hostlists.compress([*selection.nodes, *spares]) if spares else selection.nodelist
+    return NodeRequest(nodelist=nodelist, rank_hosts=placement.ranks, exclude=exclude, spares=spares), tuple(notes)
+
+
+def check_cluster_size(job: JobConfig, cluster_nodes: int, source: str) -> None:
+    """The nodes plus the hot spares must fit in the cluster at all (a bad config, not a long wait)."""
+    res = job.resources
+    if res.spare_nodes and res.nodes + res.spare_nodes > cluster_nodes:
+        raise ConfigError(
+            f"resources.spare_nodes: {res.nodes} node(s) + {res.spare_nodes} spare(s) exceed the "
+            f"{cluster_nodes} node(s) of the cluster ({source}); expected at most {max(cluster_nodes - res.nodes, 0)}"
+        )
 
 
 def _block_request(
@@ -229,6 +254,11 @@ def plan(
             available = available_nodes(client)
         except SlurmUnreachableError as exc:
             notes.append(f"live node state unavailable ({exc}); assuming every node is free")
+    elif client is not None and job.resources.spare_nodes:
+        from air_hpc.slurm.nodes import fetch_node_states
+
+        with contextlib.suppress(SlurmUnreachableError):
+            check_cluster_size(job, len(fetch_node_states(client).all_nodes), "sinfo")
     request, request_notes = node_request(job, available)
     notes.extend(request_notes)
     spec = build_spec(job, request, python=python, step_command=step_command)

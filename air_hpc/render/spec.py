@@ -54,6 +54,8 @@ class NodeRequest:
     """One host per rank, in rank order (written to ``SLURM_HOSTFILE``); empty: Slurm's block order."""
     exclude: str | None = None
     """Hostlist expression to keep out of the allocation (``--exclude``), e.g. known bad nodes."""
+    spares: tuple[str, ...] = ()
+    """Hot spares pinned beside the rank hosts (part of ``nodelist``, no ranks until a node fails)."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,15 @@ class SbatchSpec:
     requeue_codes: tuple[int, ...] = field(default=tuple(sorted(int(c) for c in REQUEUE_WORTHY)))
     hang_backstop_s: int | None = None
     """The batch script stops the step as hung when no rank has beaten for this long (None: no check)."""
+    spare_nodes: int = 0
+    """Hot spares allocated beside ``nodes``; with any, the step runs under the supervisor."""
+    supervisor_command: tuple[str, ...] = ()
+    """The in-job supervisor that starts (and restarts) the ``srun`` step when there are spares."""
+
+    @property
+    def allocated_nodes(self) -> int:
+        """Nodes asked from Slurm: the training nodes plus the hot spares."""
+        return self.nodes + self.spare_nodes
 
     @property
     def world_size(self) -> int:
@@ -173,6 +184,11 @@ def training_command(python: str, run_dir: Path) -> tuple[str, ...]:
     return (python, "-m", "air_hpc.launch", str(run_dir))
 
 
+def supervisor_command(job: JobConfig, run_dir: Path) -> tuple[str, ...]:
+    """The supervisor runs in the batch shell's environment (outside any container), like air-hpc itself."""
+    return (job.cluster.python or sys.executable, "-m", "air_hpc.launch.supervisor", str(run_dir))
+
+
 def build_spec(
     job: JobConfig,
     request: NodeRequest | None = None,
@@ -235,7 +251,10 @@ def build_spec(
         request=request,
         container_image=container.image if container else None,
         container_mounts=mounts,
-        hang_backstop_s=hang_backstop_s(job),
+        # Under the supervisor the backstop is the supervisor's: it knows which start's heartbeats to watch.
+        hang_backstop_s=None if res.spare_nodes else hang_backstop_s(job),
+        spare_nodes=res.spare_nodes,
+        supervisor_command=supervisor_command(job, run_dir) if res.spare_nodes else (),
     )
 
 
@@ -264,14 +283,20 @@ def _check_request(job: JobConfig, request: NodeRequest) -> None:
             )
         if not request.nodelist:
             raise ConfigError("placement: a rank order needs pinned nodes (placement.pin_nodes: true)")
-        pinned = set(hostlist.expand_hostlist(request.nodelist))
+        pinned = set(hostlist.expand_hostlist(request.nodelist)) - set(request.spares)
         if set(per_host) != pinned:
             raise ConfigError(
                 f"placement: rank order hosts {sorted(per_host)} differ from the pinned nodes {request.nodelist}"
             )
-    if request.nodelist and len(hostlist.expand_hostlist(request.nodelist)) != res.nodes:
-        raise ConfigError(f"placement: nodelist {request.nodelist} does not have resources.nodes = {res.nodes} nodes")
-    if request.switches is not None and not 1 <= request.switches <= res.nodes:
-        raise ConfigError(f"placement: --switches={request.switches} must be between 1 and {res.nodes}")
+    wanted = res.nodes + res.spare_nodes
+    if request.nodelist and len(hostlist.expand_hostlist(request.nodelist)) != wanted:
+        spares = f" + spare_nodes = {res.spare_nodes}" if res.spare_nodes else ""
+        raise ConfigError(
+            f"placement: nodelist {request.nodelist} does not have resources.nodes = {res.nodes}{spares} nodes"
+        )
+    if len(request.spares) not in (0, res.spare_nodes):
+        raise ConfigError(f"placement: {len(request.spares)} spares chosen, resources.spare_nodes = {res.spare_nodes}")
+    if request.switches is not None and not 1 <= request.switches <= wanted:
+        raise ConfigError(f"placement: --switches={request.switches} must be between 1 and {wanted}")
     if request.segment is not None and (request.segment < 1 or res.nodes % request.segment):
         raise ConfigError(f"placement.segment: --segment={request.segment} must divide resources.nodes = {res.nodes}")

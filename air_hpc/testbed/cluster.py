@@ -279,32 +279,80 @@ class Testbed:
                 (lay.spool / name).mkdir(exist_ok=True)
                 # The private mount namespace gets a hosts file naming every node, so the node's
                 # own hostname and its peers (MASTER_ADDR inside jobs) resolve to loopback.
-                self._start_daemon(
-                    state,
-                    f"slurmd-{name}",
-                    [
-                        "unshare",
-                        "--uts",
-                        "--mount",
-                        "--",
-                        "sh",
-                        "-c",
-                        'hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"',
-                        "sh",
-                        name,
-                        str(lay.hosts),
-                        "slurmd",
-                        "-D",
-                        "-N",
-                        name,
-                        "-f",
-                        str(lay.slurm_conf),
-                    ],
-                )
+                self._start_daemon(state, f"slurmd-{name}", self._slurmd_argv(name))
             self._wait_nodes_idle(state, deadline)
         except BaseException:
             self.down()
             raise
+
+    def _slurmd_argv(self, name: str) -> list[str]:
+        lay = self.layout
+        return [
+            "unshare",
+            "--uts",
+            "--mount",
+            "--",
+            "sh",
+            "-c",
+            'hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"',
+            "sh",
+            name,
+            str(lay.hosts),
+            "slurmd",
+            "-D",
+            "-N",
+            name,
+            "-f",
+            str(lay.slurm_conf),
+        ]
+
+    # ---- node faults ---------------------------------------------------------------
+
+    def kill_node(self, name: str) -> list[int]:
+        """Kill node ``name`` as a power loss would: its slurmd and every job process it started, at once.
+
+        Slurm's step daemons leave slurmd's process tree (they are re-parented), but they keep the
+        node's private UTS namespace, which only that node's processes share. Returns the PIDs killed.
+        """
+        proc = self._node_daemon(name).process()
+        if proc is None:
+            raise TestbedError(f"slurmd of {name} is not running")
+        namespace = os.readlink(f"/proc/{proc.pid}/ns/uts")
+        family = [proc]
+        for other in psutil.process_iter():
+            with contextlib.suppress(OSError, psutil.Error):
+                if other.pid != proc.pid and os.readlink(f"/proc/{other.pid}/ns/uts") == namespace:
+                    family.append(other)
+        for p in family:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(family, timeout=10)
+        log.info("killed node %s: pids %s", name, [p.pid for p in family])
+        return [p.pid for p in family]
+
+    def restart_node(self, name: str, timeout_s: float = 60.0) -> None:
+        """Start node ``name``'s slurmd again after :meth:`kill_node`; returns once the node is back in service."""
+        state = self._read_state()
+        if not state:
+            raise TestbedError(f"no testbed in {self.layout.root}")
+        if self._node_daemon(name).process() is None:
+            state["daemons"] = [d for d in state["daemons"] if d["name"] != f"slurmd-{name}"]
+            self._start_daemon(state, f"slurmd-{name}", self._slurmd_argv(name))
+        deadline = time.monotonic() + timeout_s
+        client = self.client(retries=0, timeout_s=5)
+        while time.monotonic() < deadline:
+            with contextlib.suppress(SlurmError):
+                if self._node_states(client).get(name, "").rstrip("*~#") in {"idle", "allocated", "mixed"}:
+                    return
+            time.sleep(0.5)
+        raise TestbedError(f"node {name} did not return to service in {timeout_s:g} s")
+
+    def _node_daemon(self, name: str) -> Daemon:
+        state = self._read_state() or {"daemons": []}
+        for d in state["daemons"]:
+            if d["name"] == f"slurmd-{name}":
+                return Daemon(**d)
+        raise TestbedError(f"no node {name} in the testbed in {self.layout.root}")
 
     def _start_munge(self, state: dict[str, Any]) -> None:
         lay = self.layout

@@ -216,3 +216,43 @@ def _tighten(
                 leaf = swap
         result.append(leaf)
     return result
+
+
+def nvlink_block(fabric: Fabric, node: str, domain_nodes: int) -> tuple[str, int]:
+    """The NVLink domain of ``node``: runs of ``domain_nodes`` nodes along its leaf (as placement cuts them)."""
+    leaf = fabric.leaf_of[node]
+    return leaf, fabric.switches[leaf].nodes.index(node) // domain_nodes
+
+
+def _nearness(fabric: Fabric, target: str, candidate: str, domain_nodes: int) -> tuple[int, int, int]:
+    same_block = domain_nodes > 1 and nvlink_block(fabric, target, domain_nodes) == nvlink_block(
+        fabric, candidate, domain_nodes
+    )
+    return (0 if same_block else 1, fabric.common_level(target, candidate), fabric.node_index[candidate])
+
+
+def select_spares(fabric: Fabric, chosen: Sequence[str], available: Set[str], count: int) -> tuple[str, ...]:
+    """``count`` hot spares for a job on ``chosen``: free nodes nearest to it (its leaves first), in switch order."""
+    if count < 1:
+        return ()
+    pool = [n for n in fabric.nodes if n in available and n not in set(chosen)]
+    if len(pool) < count:
+        raise TopologyError(
+            f"{fabric.source or 'fabric'}: {count} spare node(s) requested beside {len(chosen)} but only "
+            f"{len(pool)} more are available"
+        )
+    ranked = sorted(pool, key=lambda n: (min(fabric.common_level(c, n) for c in chosen), fabric.node_index[n]))
+    return tuple(sorted(ranked[:count], key=fabric.node_index.__getitem__))
+
+
+def pick_spare(fabric: Fabric | None, failed: str, spares: Sequence[str], domain_nodes: int = 1) -> str:
+    """The spare to take ``failed``'s place: same NVLink block, then same leaf, then the lowest common switch.
+
+    Without a fabric (or for nodes it does not know) the first spare in the given order.
+    """
+    if not spares:
+        raise TopologyError(f"no spare node left to replace {failed}")
+    known = fabric is not None and failed in fabric.leaf_of and all(s in fabric.leaf_of for s in spares)
+    if fabric is None or not known:
+        return spares[0]
+    return min(spares, key=lambda s: _nearness(fabric, failed, s, domain_nodes))

@@ -1,0 +1,406 @@
+"""The in-job supervisor: runs the training step and restarts it on a hot spare when a node fails.
+
+The batch script (with ``resources.spare_nodes`` > 0) runs
+``python -m air_hpc.launch.supervisor RUN_DIR -- srun ARGS...`` in place of the bare ``srun``.
+The allocation holds the training nodes plus the spares. When a step fails
+because of a node (a rank crashed, the node died, the watchdog found it hung),
+that node goes on the run's bad-node list, the nearest spare in the topology
+takes its ranks, and the step starts again inside the same job; the ranks
+resume from the latest verified checkpoint as on any start. Only when no spare
+is left does the supervisor hand a requeue-worthy exit code back to the batch
+script, which requeues excluding the bad nodes (the existing path).
+
+Why each check:
+
+- ``srun --kill-on-bad-exit`` names the first failed task on stderr
+  (``srun: error: n2: task 3: Killed``): that node failed, unless a probe finds
+  another node dead (a dead node's ranks report nothing; the survivors fail first).
+- ``srun`` cannot finish a step while one of its nodes is dead: after a task
+  failed, every node of the step is probed with a tiny ``srun --overlap``; a
+  node that does not answer in :data:`PROBE_TIMEOUT_S` is dead, and ``srun`` is
+  ended instead of waiting for Slurm to time the node out.
+- A step where no rank beats for the backstop time (every process frozen) is
+  stopped as hung, like the batch script's backstop without spares.
+
+A stop signal (preemption, time limit) is forwarded to ``srun``; the step then
+saves and exits with its requeue code, which goes back to the batch script:
+no in-job restart after a stop. Every step start and end is an event.
+"""
+
+import contextlib
+import ctypes
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+import hostlist
+
+from air_hpc.config.models import JobConfig
+from air_hpc.errors import AirHpcError, TopologyError
+from air_hpc.exitcodes import REQUEUE_WORTHY, ExitCode
+from air_hpc.health.badnodes import append_bad_nodes, read_bad_nodes
+from air_hpc.health.heartbeat import STEP_ATTEMPT_ENV, generation, generation_dir, read_exit_code, write_exit_code
+from air_hpc.render.spec import HOSTFILE_NAME, hang_backstop_s
+from air_hpc.resilience.events import EventLog
+from air_hpc.rundir import RunDir
+from air_hpc.slurm.client import SlurmClient
+from air_hpc.topology.fabric import Fabric
+from air_hpc.topology.hostlists import compress
+from air_hpc.topology.select import pick_spare
+
+log = logging.getLogger(__name__)
+
+#: A node whose probe step does not finish in this time is dead (a live one answers in well under a second).
+PROBE_TIMEOUT_S = 5.0
+#: After the backstop's SIGTERM, ``srun`` gets this long before SIGKILL.
+STOP_GRACE_S = 30.0
+#: How often the supervisor looks at the step, its heartbeats and its stderr.
+POLL_S = 0.2
+#: Signals that stop the run (preemption, time limit, cancel): forwarded to ``srun``, never restarted.
+STOP_SIGNALS = ("TERM", "INT", "HUP")
+
+_TASK_FAILURE = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? (?P<tasks>[0-9,\-]+): (?P<reason>.+?)\s*$")
+
+
+@dataclass(frozen=True)
+class TaskFailure:
+    """What ``srun`` says about a task that ended badly."""
+
+    node: str
+    tasks: str
+    reason: str
+
+
+def parse_task_failure(line: str) -> TaskFailure | None:
+    """``srun: error: n2: task 3: Killed`` -> TaskFailure('n2', '3', 'Killed'); other lines -> None."""
+    match = _TASK_FAILURE.match(line)
+    return TaskFailure(match["node"], match["tasks"], match["reason"]) if match else None
+
+
+@dataclass(frozen=True)
+class StepResult:
+    srun_exit_code: int
+    verdict: int | None
+    """The exit code the ranks agreed on (``<generation>/exit_code``), if they wrote one."""
+    first_failure: TaskFailure | None
+    dead_nodes: tuple[str, ...]
+    hung: bool
+    """The supervisor's backstop stopped the step."""
+
+    @property
+    def exit_code(self) -> int:
+        """The ranks' verdict wins over srun's own code (srun reports the signal it killed the others with)."""
+        if self.srun_exit_code != ExitCode.OK and self.verdict is not None:
+            return self.verdict
+        return self.srun_exit_code
+
+
+def failed_nodes(result: StepResult, hosts: Sequence[str], newly_bad: Iterable[str]) -> tuple[str, ...]:
+    """The step's nodes to replace: dead ones, else those the ranks listed as bad, else the first failed task's."""
+    on_step = set(hosts)
+    if result.dead_nodes:
+        return tuple(n for n in result.dead_nodes if n in on_step)
+    listed = tuple(n for n in newly_bad if n in on_step)
+    if listed:
+        return listed
+    if result.first_failure is not None and result.verdict is None and result.first_failure.node in on_step:
+        return (result.first_failure.node,)
+    return ()
+
+
+def replace_nodes(
+    rank_hosts: Sequence[str],
+    failed: Sequence[str],
+    spares: Sequence[str],
+    fabric: Fabric | None,
+    domain_nodes: int = 1,
+) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str]]:
+    """Move each failed node's ranks to its nearest spare, every other rank keeps its place.
+
+    Returns the new rank order, the spares left, and failed -> spare.
+    """
+    left = list(spares)
+    moved: dict[str, str] = {}
+    for node in failed:
+        spare = pick_spare(fabric, node, left, domain_nodes)
+        left.remove(spare)
+        moved[node] = spare
+    return tuple(moved.get(h, h) for h in rank_hosts), tuple(left), moved
+
+
+def restartable(code: int, stopping: bool) -> bool:
+    """A failed step restarts in the job unless a stop was asked for, the ranks saved to requeue, or input is bad."""
+    return not stopping and code not in (ExitCode.OK, ExitCode.REQUEUE, ExitCode.USAGE)
+
+
+def exhausted_code(code: int) -> int:
+    """With no spare left, a node failure requeues (excluding the node) like a hang or a failed health check."""
+    return code if code in REQUEUE_WORTHY else int(ExitCode.UNHEALTHY)
+
+
+def block_order(allocated: Sequence[str], bad: Iterable[str], nodes: int, tasks_per_node: int) -> tuple[str, ...]:
+    """Ranks on the first ``nodes`` healthy allocated nodes in Slurm's block order, when no placement pinned them."""
+    healthy = [n for n in allocated if n not in set(bad)]
+    return tuple(n for n in healthy[:nodes] for _ in range(tasks_per_node))
+
+
+def unique(hosts: Iterable[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(hosts))
+
+
+class Supervisor:
+    """Starts the step on the rank hosts, watches it, restarts it on spares; see the module docstring."""
+
+    def __init__(
+        self,
+        job: JobConfig,
+        run_dir: RunDir,
+        srun_argv: Sequence[str],
+        environ: Mapping[str, str],
+        client: SlurmClient,
+        fabric: Fabric | None = None,
+    ) -> None:
+        self.job = job
+        self.run_dir = run_dir
+        self.srun_argv = tuple(srun_argv)
+        self.environ = dict(environ)
+        self.client = client
+        self.fabric = fabric
+        self.events = EventLog(run_dir.events)
+        self.job_id = self.environ.get("SLURM_JOB_ID", "")
+        self.restart_count = int(self.environ.get("SLURM_RESTART_COUNT") or 0)
+        self.hostfile = Path(self.environ.get("SLURM_HOSTFILE") or run_dir.path / HOSTFILE_NAME)
+        self.backstop_s = hang_backstop_s(job)
+        self.stopping = False
+        self._proc: subprocess.Popen[str] | None = None
+
+    # ---- signals -----------------------------------------------------------------
+
+    def install_signals(self) -> None:
+        names = {self.job.resilience.signal, *STOP_SIGNALS}
+        for name in names:
+            signal.signal(getattr(signal, f"SIG{name}"), self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        """Only flag and forward: the step saves and exits, and the exit code decides what follows."""
+        self.stopping = True
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signum)
+
+    # ---- the loop ----------------------------------------------------------------
+
+    def run(self) -> int:
+        res = self.job.resources
+        allocated = hostlist.expand_hostlist(self.environ.get("SLURM_JOB_NODELIST", ""))
+        bad = read_bad_nodes(self.run_dir.bad_nodes)
+        if self.hostfile.is_file() and "SLURM_HOSTFILE" in self.environ:
+            rank_hosts = tuple(line.strip() for line in self.hostfile.read_text().splitlines() if line.strip())
+        else:
+            rank_hosts = block_order(allocated, bad, res.nodes, res.tasks_per_node)
+        spares = tuple(n for n in allocated if n not in set(rank_hosts) and n not in set(bad))
+        attempt = 0
+        try:
+            while True:
+                if self.stopping:
+                    log.warning("stop requested between two steps; handing the requeue to the batch script")
+                    return int(ExitCode.REQUEUE)
+                result = self._run_step(attempt, rank_hosts, spares)
+                code = result.exit_code
+                if not restartable(code, self.stopping):
+                    return code
+                hosts = unique(rank_hosts)
+                newly_bad = [n for n in read_bad_nodes(self.run_dir.bad_nodes) if n not in set(bad)]
+                failed = failed_nodes(result, hosts, newly_bad)
+                if not failed:
+                    log.warning("step exited %d without a node to blame; handing it to the batch script", code)
+                    return code
+                reason = self._reason(result, code)
+                append_bad_nodes(self.run_dir.bad_nodes, failed, reason)
+                bad = read_bad_nodes(self.run_dir.bad_nodes)
+                if len(failed) > len(spares):
+                    self._emit("spares_exhausted", failed=list(failed), spares=list(spares), exit_code=code)
+                    log.warning("no spare left for %s; requeueing", compress(failed))
+                    return exhausted_code(code)
+                domain = self.job.hardware.nvlink_domain_nodes
+                rank_hosts, spares, moved = replace_nodes(rank_hosts, failed, spares, self.fabric, domain)
+                attempt += 1
+                self._emit("in_job_restart", attempt=attempt, replaced=moved, reason=reason, spares_left=list(spares))
+                swaps = ", ".join(f"{a} -> {b}" for a, b in moved.items())
+                log.warning("%s; restarting the step with %s", reason, swaps)
+        finally:
+            self._end_step()
+
+    def _run_step(self, attempt: int, rank_hosts: Sequence[str], spares: Sequence[str]) -> StepResult:
+        env = self._step_env(attempt, rank_hosts)
+        gen_dir = generation_dir(self.run_dir, generation(env))
+        argv = list(self.srun_argv)
+        if attempt and argv and Path(argv[0]).name == "srun":
+            # The failed step may hold the healthy nodes' CPUs until Slurm hears from a dead node.
+            argv.insert(1, "--overlap")
+        hosts = unique(rank_hosts)
+        started = time.time()
+        self._emit("step_started", attempt=attempt, generation=gen_dir.name, nodes=compress(hosts), spares=list(spares))
+        failure: list[TaskFailure] = []
+        self._proc = subprocess.Popen(
+            argv, env=env, stderr=subprocess.PIPE, text=True, errors="replace", preexec_fn=_die_with_parent
+        )
+        reader = threading.Thread(target=_copy_stderr, args=(self._proc.stderr, failure), daemon=True)
+        reader.start()
+        dead: tuple[str, ...] = ()
+        probed = False
+        hung = False
+        kill_at: float | None = None
+        while (rc := self._proc.poll()) is None:
+            time.sleep(POLL_S)
+            if failure and not probed:
+                probed = True
+                dead = self.probe_dead(hosts)
+                if dead:
+                    log.warning("node(s) %s do not answer; ending the step", compress(dead))
+                    self._proc.kill()
+            if not hung and self._stale(gen_dir):
+                hung = True
+                log.warning("no rank made progress for %d s; stopping the step as hung", self.backstop_s)
+                write_exit_code(gen_dir, ExitCode.HUNG)
+                self._proc.terminate()
+                kill_at = time.monotonic() + STOP_GRACE_S
+            if kill_at is not None and time.monotonic() > kill_at:
+                self._proc.kill()
+        reader.join(timeout=5)
+        self._proc = None
+        if rc and not dead and not probed:
+            dead = self.probe_dead(hosts)
+        result = StepResult(rc, read_exit_code(gen_dir), failure[0] if failure else None, dead, hung)
+        self._emit(
+            "step_ended",
+            attempt=attempt,
+            exit_code=result.exit_code,
+            srun_exit_code=rc,
+            verdict=result.verdict,
+            failure=None if result.first_failure is None else vars(result.first_failure),
+            dead_nodes=list(dead),
+            elapsed_s=round(time.time() - started, 3),
+        )
+        return result
+
+    def _step_env(self, attempt: int, rank_hosts: Sequence[str]) -> dict[str, str]:
+        tmp = self.hostfile.with_name(f".{self.hostfile.name}.tmp")
+        tmp.write_text("".join(f"{h}\n" for h in rank_hosts))
+        tmp.replace(self.hostfile)
+        env = {**self.environ, "SLURM_HOSTFILE": str(self.hostfile), STEP_ATTEMPT_ENV: str(attempt)}
+        if "MASTER_ADDR" not in self.job.env:
+            env["MASTER_ADDR"] = rank_hosts[0]
+        return env
+
+    def _stale(self, gen_dir: Path) -> bool:
+        """No rank has beaten for the backstop time (only once some rank has beaten at all)."""
+        try:
+            newest = max((p.stat().st_mtime for p in gen_dir.glob("rank-*.json")), default=None)
+        except OSError:
+            return False
+        return newest is not None and time.time() - newest > self.backstop_s
+
+    def probe_dead(self, hosts: Sequence[str]) -> tuple[str, ...]:
+        """The hosts where a tiny step does not finish in :data:`PROBE_TIMEOUT_S`."""
+        env = {k: v for k, v in self.client.env.items() if k != "SLURM_HOSTFILE"}
+        probe = SlurmClient(env=env, timeout_s=PROBE_TIMEOUT_S, retries=0)
+
+        def alive(host: str) -> bool:
+            args = ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}", "true"]
+            if self.job_id:
+                args.insert(1, f"--jobid={self.job_id}")
+            return probe.run(args, check=False, retry=False).returncode == 0
+
+        with ThreadPoolExecutor(max_workers=min(32, len(hosts)) or 1) as pool:
+            answers = list(pool.map(alive, hosts))
+        return tuple(h for h, ok in zip(hosts, answers, strict=True) if not ok)
+
+    def _end_step(self) -> None:
+        """Leave nothing behind: a step still running when the supervisor ends is stopped, then killed."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def _reason(self, result: StepResult, code: int) -> str:
+        if result.dead_nodes:
+            return f"node death: {compress(result.dead_nodes)} stopped answering Slurm"
+        if result.hung or code == ExitCode.HUNG:
+            return "hung step (watchdog verdict)"
+        if code == ExitCode.UNHEALTHY:
+            return "failed health check"
+        failure = result.first_failure
+        return f"rank crash: task {failure.tasks} on {failure.node}: {failure.reason}" if failure else f"exit {code}"
+
+    def _emit(self, kind: str, **fields: object) -> None:
+        self.events.emit(kind, job_id=self.job_id, restart_count=self.restart_count, **fields)
+
+
+def _copy_stderr(stream: IO[str] | None, failures: list[TaskFailure]) -> None:
+    """Pass srun's stderr through to the batch log and remember the first failed task."""
+    if stream is None:
+        return
+    for line in stream:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        if not failures and (failure := parse_task_failure(line)) is not None:
+            failures.append(failure)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: the kernel kills srun if the supervisor itself is killed (PR_SET_PDEATHSIG)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+
+
+def load_fabric(job: JobConfig) -> Fabric | None:
+    """The cluster's fabric for topology-aware spare choice, or None (then spares are taken in order)."""
+    topo = job.cluster.topology_file
+    if topo is None:
+        return None
+    from air_hpc.topology import treeconf
+
+    try:
+        return treeconf.parse(topo.read_text(), str(topo))
+    except (OSError, TopologyError) as exc:
+        log.warning("topology %s unusable (%s); choosing spares in allocation order", topo, exc)
+        return None
+
+
+def main(argv: Sequence[str] | None = None, signal_setup: Callable[[Supervisor], None] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="air-hpc supervisor: %(message)s", stream=sys.stderr)
+    if len(args) < 3 or args[1] != "--":
+        print("usage: python -m air_hpc.launch.supervisor RUN_DIR -- srun ARGS...", file=sys.stderr)
+        return int(ExitCode.USAGE)
+    try:
+        run_dir = RunDir(Path(args[0]))
+        job = run_dir.read_job()
+        supervisor = Supervisor(job, run_dir, args[2:], os.environ, SlurmClient(), load_fabric(job))
+        (signal_setup or Supervisor.install_signals)(supervisor)
+        return supervisor.run()
+    except AirHpcError as exc:
+        print(f"air-hpc supervisor: {exc}", file=sys.stderr)
+        return int(exc.exit_code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
