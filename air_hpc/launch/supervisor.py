@@ -170,7 +170,9 @@ class Supervisor:
         environ: Mapping[str, str],
         client: SlurmClient,
         fabric: Fabric | None = None,
+        probe: Callable[[Sequence[str]], tuple[str, ...]] | None = None,
     ) -> None:
+        """``probe`` returns the given hosts that are dead (default: :meth:`probe_dead`, a tiny srun on each)."""
         self.job = job
         self.run_dir = run_dir
         self.srun_argv = tuple(srun_argv)
@@ -182,6 +184,7 @@ class Supervisor:
         self.restart_count = int(self.environ.get("SLURM_RESTART_COUNT") or 0)
         self.hostfile = Path(self.environ.get("SLURM_HOSTFILE") or run_dir.path / HOSTFILE_NAME)
         self.backstop_s = hang_backstop_s(job)
+        self.probe = probe or self.probe_dead
         self.stopping = False
         self._proc: subprocess.Popen[str] | None = None
 
@@ -265,9 +268,9 @@ class Supervisor:
         kill_at: float | None = None
         while (rc := self._proc.poll()) is None:
             time.sleep(POLL_S)
-            if failure and not probed:
+            if failure and not probed and not self.stopping:
                 probed = True
-                dead = self.probe_dead(hosts)
+                dead = self.probe(hosts)
                 if dead:
                     log.warning("node(s) %s do not answer; ending the step", compress(dead))
                     self._proc.kill()
@@ -281,8 +284,10 @@ class Supervisor:
                 self._proc.kill()
         reader.join(timeout=5)
         self._proc = None
-        if rc and not dead and not probed:
-            dead = self.probe_dead(hosts)
+        if rc < 0:  # killed by a signal: report it as a shell would (128 + signal)
+            rc = 128 - rc
+        if rc and not probed and not self.stopping:
+            dead = self.probe(hosts)
         result = StepResult(rc, read_exit_code(gen_dir), failure[0] if failure else None, dead, hung)
         self._emit(
             "step_ended",

@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Fault to first resumed step: in-job restart on a hot spare against the requeue path, in one job.
+
+On a running testbed (``air-hpc testbed up``), one gpt-tiny job with one spare
+(``resources.spare_nodes: 1``) loses a rank (``kill -9``) twice, each time a step after a
+checkpoint. The first loss restarts the step on the spare inside the job; the second finds no
+spare left and takes the requeue path (exit code, ``scontrol requeue`` without the bad nodes,
+a new start). For each it prints the seconds from the fault to the step's end being noticed
+(detection) and to the first step trained after the resume, the steps trained again, and the
+ratio of the in-job restart to the requeue path (target: in-job <= 10 s on an idle testbed).
+
+Usage: ``scripts/bench/restart.py --testbed STATE_DIR [--steps 14] [--interval 3]``.
+"""
+
+import os
+import sys
+
+# This directory is sys.path[0] when the script runs, and it holds select.py, which would shadow
+# the standard library's select module (imported by socket and subprocess).
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != os.path.dirname(os.path.realpath(__file__))]
+
+import argparse  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+JOB = REPO / "configs" / "jobs" / "gpt-tiny-testbed.yaml"
+
+
+def wait_for(what: str, condition: Any, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench: timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--testbed", type=Path, required=True, help="state directory of a running testbed")
+    parser.add_argument("--steps", type=int, default=14)
+    parser.add_argument("--interval", type=int, default=3, help="checkpoint.interval_steps")
+    args = parser.parse_args()
+
+    import psutil
+
+    from air_hpc.config.load import load_job
+    from air_hpc.health.heartbeat import read_beats
+    from air_hpc.launch.submit import submit
+    from air_hpc.resilience.events import read_events
+    from air_hpc.rundir import RunDir
+    from air_hpc.slurm.jobs import JobState
+    from air_hpc.testbed import Testbed
+    from air_hpc.train import data
+    from air_hpc.train.metrics import read_metrics
+
+    bed = Testbed(args.testbed)
+    if not bed.status()["up"]:
+        raise SystemExit(f"bench: no testbed running in {args.testbed}; run `air-hpc testbed up` first")
+    os.environ.update(bed.env)
+    work = Path(tempfile.mkdtemp(prefix="air-hpc-bench-restart-"))
+    corpus = data.prepare(data.project_sources(), work / "corpus.h5", data.ByteTokenizer()).path
+    job = load_job(
+        JOB,
+        [
+            f"run.root={work}",
+            "run.name=restart",
+            f"data.path={corpus}",
+            f"train.steps={args.steps}",
+            f"checkpoint.interval_steps={args.interval}",
+            "checkpoint.keep_last=20",
+            "health.preflight=false",
+            "resources.spare_nodes=1",
+            f"cluster.topology_file={bed.layout.topology_conf}",
+        ],
+    )
+    client = bed.client()
+    done = submit(job, "slurm", client)
+    run_dir = RunDir(done.run_dir)
+
+    def events(kind: str) -> list[dict[str, Any]]:
+        return [e for e in read_events(run_dir.events) if e["kind"] == kind] if run_dir.events.exists() else []
+
+    def last_step() -> int:
+        return max((int(r["step"]) for r in read_metrics(run_dir.metrics)), default=0)
+
+    results = []
+    for path in ("in-job restart", "requeue"):
+        since = events("resume")[-1]["step"] if events("resume") else 0
+        wait_for(
+            "a checkpoint and a step after it",
+            lambda since=since: (
+                any(e["step"] > since for e in events("checkpoint_saved"))
+                and last_step() > max(e["step"] for e in events("checkpoint_saved"))
+            ),
+        )
+        ended = len(events("step_ended"))
+        started = events("step_started")[-1]["generation"]
+        beats = read_beats(run_dir.heartbeat / started)
+        victim = psutil.Process(beats[max(beats)].pid)
+        if str(run_dir.path) not in victim.cmdline():
+            raise SystemExit(f"bench: pid {victim.pid} is not a rank of this run")
+        trained = last_step()
+        faulted = time.time()
+        victim.kill()
+        resumes = len(events("resume"))
+        wait_for("the resume", lambda n=resumes: len(events("resume")) > n)
+        resumed = events("resume")[-1]["step"]
+        wait_for(
+            "the first resumed step",
+            lambda s=resumed, t=faulted: any(
+                r["step"] == s + 1 and r["time"] > t for r in read_metrics(run_dir.metrics)
+            ),
+        )
+        first = next(r for r in read_metrics(run_dir.metrics) if r["step"] == resumed + 1 and r["time"] > faulted)
+        detected = events("step_ended")[ended]["time"] - faulted
+        results.append((path, detected, first["time"] - faulted, trained - resumed))
+
+    status = client.job_status(done.job_id)
+    while status is None or not status.state.terminal:
+        time.sleep(1)
+        status = client.job_status(done.job_id)
+    if status.state != JobState.COMPLETED or not events("spares_exhausted"):
+        raise SystemExit(f"bench: job {done.job_id} ended {status.state}; see {run_dir.logs}")
+    (_, _, requeue_s, _) = results[1]
+    print(f"gpt-tiny, 2 nodes x 2 ranks + 1 spare, job {done.job_id}, run {run_dir.path}")
+    print(f"{'path':<16}{'detect s':>10}{'resume s':>10}{'redone':>8}{'vs requeue':>12}")
+    for path, detected, resume_s, redone in results:
+        print(f"{path:<16}{detected:>10.1f}{resume_s:>10.1f}{redone:>8d}{resume_s / requeue_s:>11.2f}x")
+
+
+if __name__ == "__main__":
+    main()

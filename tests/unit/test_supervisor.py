@@ -1,0 +1,241 @@
+"""Hot spares: choosing them, rendering them, and the in-job supervisor around a stand-in srun."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from air_hpc.cli.main import cli
+from air_hpc.config import load_job
+from air_hpc.errors import ConfigError
+from air_hpc.exitcodes import ExitCode
+from air_hpc.health.badnodes import read_bad_nodes
+from air_hpc.launch.submit import plan
+from air_hpc.launch.supervisor import (
+    StepResult,
+    Supervisor,
+    TaskFailure,
+    block_order,
+    failed_nodes,
+    parse_task_failure,
+    replace_nodes,
+)
+from air_hpc.resilience.events import read_events
+from air_hpc.rundir import RunDir
+from air_hpc.slurm.client import SlurmClient
+from air_hpc.slurm.fake import FakeSlurm
+from air_hpc.topology import treeconf
+from air_hpc.topology.select import pick_spare, select_spares
+
+REPO = Path(__file__).resolve().parents[2]
+TESTBED_JOB = REPO / "configs" / "jobs" / "gpt-tiny-testbed.yaml"
+TOPOLOGY = """SwitchName=leaf1 Nodes=n[1-2]
+SwitchName=leaf2 Nodes=n[3-6]
+SwitchName=leaf3 Nodes=n[7-8]
+SwitchName=spine1 Switches=leaf[1-3]
+"""
+FABRIC = treeconf.parse(TOPOLOGY, "topology.conf")
+
+
+@pytest.fixture
+def topo(tmp_path: Path) -> Path:
+    path = tmp_path / "topology.conf"
+    path.write_text(TOPOLOGY)
+    return path
+
+
+def job_in(tmp_path: Path, small_corpus: Path, *overrides: str):
+    return load_job(TESTBED_JOB, [f"run.root={tmp_path / 'runs'}", f"data.path={small_corpus}", *overrides])
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("srun: error: n4: task 3: Killed\n", TaskFailure("n4", "3", "Killed")),
+        ("srun: error: n3: tasks 0-1: Exited with exit code 1", TaskFailure("n3", "0-1", "Exited with exit code 1")),
+        ("srun: error: n3: tasks 0,2: Segmentation fault", TaskFailure("n3", "0,2", "Segmentation fault")),
+        ("srun: launch/slurm: _step_signal: Terminating StepId=12002.0", None),
+        ("0: srun: error: n4: task 3: Killed", None),
+    ],
+)
+def test_srun_task_failures_are_parsed(line: str, expected: TaskFailure | None) -> None:
+    assert parse_task_failure(line) == expected
+
+
+def test_a_dead_node_is_blamed_before_the_survivor_that_failed_first() -> None:
+    survivor = TaskFailure("n3", "0", "Exited with exit code 1")
+    hosts = ("n3", "n4")
+    assert failed_nodes(StepResult(1, None, survivor, ("n4",), False), hosts, ()) == ("n4",)
+    assert failed_nodes(StepResult(1, None, survivor, (), False), hosts, ()) == ("n3",)
+    # The watchdog's suspects (on the bad-node list) win over srun's first line; nodes off the step never count.
+    assert failed_nodes(StepResult(143, 86, survivor, (), False), hosts, ("n4", "n9")) == ("n4",)
+    assert failed_nodes(StepResult(143, 86, survivor, (), False), hosts, ()) == ()
+
+
+def test_the_spare_nearest_the_failed_node_takes_its_ranks() -> None:
+    ranks = ("n3", "n3", "n4", "n4")
+    new, left, moved = replace_nodes(ranks, ["n4"], ["n1", "n7", "n5"], FABRIC)
+    assert new == ("n3", "n3", "n5", "n5") and left == ("n1", "n7") and moved == {"n4": "n5"}
+    # NVLink blocks of two nodes along leaf2: (n3, n4) and (n5, n6).
+    assert pick_spare(FABRIC, "n5", ["n3", "n6"], domain_nodes=2) == "n6"
+    assert pick_spare(None, "n5", ["n3", "n6"]) == "n3"
+
+
+def test_spares_are_chosen_on_the_jobs_leaves_first() -> None:
+    assert select_spares(FABRIC, ["n3", "n4"], set(FABRIC.nodes), 1) == ("n5",)
+    assert select_spares(FABRIC, ["n1", "n2"], set(FABRIC.nodes) - {"n4"}, 2) == ("n3", "n5")
+
+
+def test_without_a_placement_ranks_go_on_the_first_healthy_nodes() -> None:
+    assert block_order(["n1", "n2", "n3"], ["n1"], 2, 2) == ("n2", "n2", "n3", "n3")
+
+
+def test_spares_are_allocated_beside_the_placed_nodes_and_run_under_the_supervisor(
+    tmp_path: Path, small_corpus: Path, topo: Path
+) -> None:
+    job = job_in(tmp_path, small_corpus, f"cluster.topology_file={topo}", "resources.spare_nodes=1")
+    planned = plan(job)
+    assert planned.request.nodelist == "n[3-5]" and planned.request.spares == ("n5",)
+    assert set(planned.request.rank_hosts) == {"n3", "n4"}
+    script = planned.script
+    assert "#SBATCH --nodes=3\n" in script and "#SBATCH --no-kill\n" in script
+    assert "-m air_hpc.launch.supervisor" in script and "srun --nodes=2 --ntasks=4 --distribution=arbitrary" in script
+
+
+@pytest.mark.parametrize("with_topology", [True, False])
+def test_more_spares_than_the_cluster_has_is_one_line_exit_2(
+    tmp_path: Path, small_corpus: Path, topo: Path, with_topology: bool
+) -> None:
+    fake = FakeSlurm(nodes={f"n{i}": "IDLE" for i in range(1, 9)})
+    args = ["submit", str(TESTBED_JOB), "--set", f"run.root={tmp_path}", "--set", f"data.path={small_corpus}"]
+    args += ["--set", "resources.spare_nodes=7"]
+    if with_topology:
+        args += ["--set", f"cluster.topology_file={topo}"]
+    with pytest.raises(ConfigError) as info:
+        cli.main(args=args, prog_name="air-hpc", standalone_mode=False, obj={"slurm_client": fake})
+    message = str(info.value)
+    assert info.value.exit_code == ExitCode.USAGE and "\n" not in message
+    assert message.startswith("resources.spare_nodes: 2 node(s) + 7 spare(s) exceed the 8 node(s)"), message
+    assert not [c for c in fake.calls if c[:2] == ["sbatch", "--parsable"]]
+
+
+FAKE_SRUN = """
+import os, signal, sys, time
+attempt = int(os.environ["AIR_HPC_STEP_ATTEMPT"])
+hosts = open(os.environ["SLURM_HOSTFILE"]).read().split()
+with open(os.environ["LOG"], "a") as log:
+    log.write(f"{attempt} {' '.join(hosts)} {os.environ['MASTER_ADDR']} {' '.join(sys.argv[1:3])}\\n")
+plan = os.environ["PLAN"].split(",")
+if attempt >= len(plan) or plan[attempt] == "ok":
+    sys.exit(0)
+if plan[attempt] == "sleep":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    time.sleep(300)
+print(f"srun: error: {hosts[-1]}: task {len(hosts) - 1}: Killed", file=sys.stderr, flush=True)
+sys.exit(137)
+"""
+
+
+def supervised(tmp_path: Path, small_corpus: Path, plan_: str) -> tuple[Supervisor, RunDir, Path]:
+    job = job_in(tmp_path, small_corpus, "resources.spare_nodes=2", "health.preflight=false")
+    run_dir = RunDir.of(job)
+    run_dir.path.mkdir(parents=True)
+    run_dir.write_job(job)
+    srun = tmp_path / "srun.py"
+    srun.write_text(FAKE_SRUN)
+    hostfile = run_dir.path / "hostfile"
+    hostfile.write_text("n3\nn3\nn4\nn4\n")
+    log = tmp_path / "srun.log"
+    environ = {
+        **os.environ,
+        "SLURM_JOB_ID": "7",
+        "SLURM_JOB_NODELIST": "n[3-6]",
+        "SLURM_HOSTFILE": str(hostfile),
+        "LOG": str(log),
+        "PLAN": plan_,
+    }
+    sup = Supervisor(job, run_dir, [sys.executable, str(srun), "--x"], environ, SlurmClient(), probe=lambda h: ())
+    return sup, run_dir, log
+
+
+def test_a_crashed_rank_restarts_on_a_spare_until_none_is_left(tmp_path: Path, small_corpus: Path) -> None:
+    sup, run_dir, log = supervised(tmp_path, small_corpus, "crash,crash,crash")
+    assert sup.run() == ExitCode.UNHEALTHY  # requeue-worthy: the batch script requeues without the bad nodes
+    assert log.read_text().splitlines() == [
+        "0 n3 n3 n4 n4 n3 --x",
+        "1 n3 n3 n5 n5 n3 --x",
+        "2 n3 n3 n6 n6 n3 --x",
+    ]
+    assert read_bad_nodes(run_dir.bad_nodes) == ("n4", "n5", "n6")
+    events = read_events(run_dir.events)
+    assert [e["kind"] for e in events] == [
+        *("step_started", "step_ended", "in_job_restart") * 2,
+        *("step_started", "step_ended", "spares_exhausted"),
+    ]
+    assert [e["replaced"] for e in events if e["kind"] == "in_job_restart"] == [{"n4": "n5"}, {"n5": "n6"}]
+    assert [e["generation"] for e in events if e["kind"] == "step_started"] == ["7-0.0", "7-0.1", "7-0.2"]
+    assert events[1]["failure"] == {"node": "n4", "tasks": "3", "reason": "Killed"}
+
+
+def test_a_restart_that_finishes_returns_ok(tmp_path: Path, small_corpus: Path) -> None:
+    sup, run_dir, log = supervised(tmp_path, small_corpus, "crash,ok")
+    assert sup.run() == ExitCode.OK
+    assert len(log.read_text().splitlines()) == 2
+    assert (run_dir.path / "hostfile").read_text() == "n3\nn3\nn5\nn5\n"
+
+
+def test_a_dead_node_found_by_the_probe_is_replaced(tmp_path: Path, small_corpus: Path) -> None:
+    sup, run_dir, log = supervised(tmp_path, small_corpus, "crash,ok")
+    sup.probe = lambda hosts: ("n3",)
+    assert sup.run() == ExitCode.OK
+    assert log.read_text().splitlines()[1].startswith("1 n5 n5 n4 n4 n5")  # rank 0's host moved: MASTER_ADDR too
+    assert "node death" in run_dir.bad_nodes.read_text()
+
+
+def start_supervisor(tmp_path: Path, small_corpus: Path) -> tuple[subprocess.Popen[bytes], psutil.Process]:
+    sup, run_dir, log = supervised(tmp_path, small_corpus, "sleep")
+    env = {**sup.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "air_hpc.launch.supervisor", str(run_dir.path), "--", *sup.srun_argv], env=env
+    )
+    deadline = time.monotonic() + 60
+    while not log.exists() or not psutil.Process(proc.pid).children():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    return proc, psutil.Process(proc.pid).children()[0]
+
+
+def test_a_stop_signal_is_forwarded_and_nothing_is_left_behind(tmp_path: Path, small_corpus: Path) -> None:
+    proc, srun = start_supervisor(tmp_path, small_corpus)
+    proc.send_signal(signal.SIGUSR2)
+    assert proc.wait(timeout=30) == 128 + signal.SIGUSR2  # the step's own exit code; no restart after a stop
+    assert not srun.is_running()
+    events = read_events(RunDir(tmp_path / "runs" / "gpt-tiny-testbed").events)
+    assert [e["kind"] for e in events] == ["step_started", "step_ended"]
+
+
+def test_a_killed_supervisor_takes_its_step_along(tmp_path: Path, small_corpus: Path) -> None:
+    proc, srun = start_supervisor(tmp_path, small_corpus)
+    proc.kill()
+    proc.wait(timeout=10)
+    psutil.wait_procs([srun], timeout=10)
+    assert not srun.is_running()
+
+
+def test_bad_usage_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from air_hpc.launch.supervisor import main
+
+    assert main(["/nowhere"]) == ExitCode.USAGE
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_events_are_json_lines(tmp_path: Path, small_corpus: Path) -> None:
+    sup, run_dir, _ = supervised(tmp_path, small_corpus, "ok")
+    assert sup.run() == ExitCode.OK
+    assert all(json.loads(line)["job_id"] == "7" for line in run_dir.events.read_text().splitlines())
