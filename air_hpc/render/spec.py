@@ -184,9 +184,10 @@ def training_command(python: str, run_dir: Path) -> tuple[str, ...]:
     return (python, "-m", "air_hpc.launch", str(run_dir))
 
 
-def supervisor_command(job: JobConfig, run_dir: Path) -> tuple[str, ...]:
-    """The supervisor runs in the batch shell's environment (outside any container), like air-hpc itself."""
-    return (job.cluster.python or sys.executable, "-m", "air_hpc.launch.supervisor", str(run_dir))
+def supervisor_command(job: JobConfig, run_dir: Path, python: str | None = None) -> tuple[str, ...]:
+    """The supervisor runs beside the batch shell, outside any container: the container's python is not there."""
+    host_python = python if python and job.container is None else job.cluster.python or sys.executable
+    return (host_python, "-m", "air_hpc.launch.supervisor", str(run_dir))
 
 
 def build_spec(
@@ -254,7 +255,7 @@ def build_spec(
         # Under the supervisor the backstop is the supervisor's: it knows which start's heartbeats to watch.
         hang_backstop_s=None if res.spare_nodes else hang_backstop_s(job),
         spare_nodes=res.spare_nodes,
-        supervisor_command=supervisor_command(job, run_dir) if res.spare_nodes else (),
+        supervisor_command=supervisor_command(job, run_dir, python) if res.spare_nodes else (),
     )
 
 

@@ -2,8 +2,8 @@
 """Fault to first resumed step: in-job restart on a hot spare against the requeue path, in one job.
 
 On a running testbed (``air-hpc testbed up``), one gpt-tiny job with one spare
-(``resources.spare_nodes: 1``) loses a rank (``kill -9``) twice, each time a step after a
-checkpoint. The first loss restarts the step on the spare inside the job; the second finds no
+(``resources.spare_nodes: 1``) loses a rank (``kill -9``) twice: after a checkpoint, and
+right after the resume. The first loss restarts the step on the spare inside the job; the second finds no
 spare left and takes the requeue path (exit code, ``scontrol requeue`` without the bad nodes,
 a new start). For each it prints the seconds from the fault to the step's end being noticed
 (detection) and to the first step trained after the resume, the steps trained again, and the
@@ -86,16 +86,21 @@ def main() -> None:
     def last_step() -> int:
         return max((int(r["step"]) for r in read_metrics(run_dir.metrics)), default=0)
 
+    def wait_past(kind: str) -> None:
+        """Until the running step has a ``kind`` event and has trained a step after it."""
+        wait_for("the step to start", lambda: events("step_started"))
+        started = events("step_started")[-1]["time"]
+
+        def ready() -> bool:
+            marks = [e["time"] for e in events(kind) if e["time"] > started]
+            return bool(marks) and any(r["time"] > marks[0] for r in read_metrics(run_dir.metrics))
+
+        wait_for(f"{kind} and a step after it", ready)
+
     results = []
-    for path in ("in-job restart", "requeue"):
-        since = events("resume")[-1]["step"] if events("resume") else 0
-        wait_for(
-            "a checkpoint and a step after it",
-            lambda since=since: (
-                any(e["step"] > since for e in events("checkpoint_saved"))
-                and last_step() > max(e["step"] for e in events("checkpoint_saved"))
-            ),
-        )
+    # The first crash, after a checkpoint, takes the spare; the second, right after that resume, finds none.
+    for path, after in (("in-job restart", "checkpoint_saved"), ("requeue", "resume")):
+        wait_past(after)
         ended = len(events("step_ended"))
         started = events("step_started")[-1]["generation"]
         beats = read_beats(run_dir.heartbeat / started)

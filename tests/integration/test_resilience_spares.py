@@ -47,17 +47,16 @@ def submit_with_spare(testbed: Any, corpus: Path, tmp_path: Path, name: str) -> 
     return done.job_id, RunDir(done.run_dir)
 
 
-def wait_past_checkpoint(run_dir: RunDir) -> None:
-    """Until a step after a checkpoint of this start ran: the fault then loses work the restart must redo."""
-    since = kinds(run_dir, "resume")[-1]["step"] if kinds(run_dir, "resume") else 0
-    wait_for(
-        "a checkpoint and a step after it",
-        lambda: (
-            any(e["step"] > since for e in kinds(run_dir, "checkpoint_saved"))
-            and last_step(run_dir) > max(e["step"] for e in kinds(run_dir, "checkpoint_saved"))
-        ),
-        timeout_s=300,
-    )
+def wait_past(run_dir: RunDir, kind: str) -> None:
+    """Until the running step has a ``kind`` event (checkpoint_saved, resume) and has trained a step after it."""
+    wait_for("the step to start", lambda: kinds(run_dir, "step_started"), timeout_s=300)
+    started = kinds(run_dir, "step_started")[-1]["time"]
+
+    def ready() -> bool:
+        marks = [e["time"] for e in kinds(run_dir, kind) if e["time"] > started]
+        return bool(marks) and any(r["time"] > marks[0] for r in read_metrics(run_dir.metrics))
+
+    wait_for(f"{kind} and a step after it", ready, timeout_s=300)
 
 
 def last_rank(run_dir: RunDir) -> tuple[int, str]:
@@ -123,7 +122,7 @@ def test_crashed_rank_restarts_on_the_spare_in_the_same_job(
     testbed: Any, corpus: Path, reference: RunDir, tmp_path: Path
 ) -> None:
     job_id, run_dir = submit_with_spare(testbed, corpus, tmp_path, "rank-crash")
-    wait_past_checkpoint(run_dir)
+    wait_past(run_dir, "checkpoint_saved")
     faulted_at = time.time()
     failed = kill_rank(run_dir)
     status = wait_ended(testbed.client, job_id, 400)
@@ -138,7 +137,7 @@ def test_dead_node_restarts_on_the_spare_in_the_same_job(
     testbed: Any, corpus: Path, reference: RunDir, tmp_path: Path
 ) -> None:
     job_id, run_dir = submit_with_spare(testbed, corpus, tmp_path, "node-death")
-    wait_past_checkpoint(run_dir)
+    wait_past(run_dir, "checkpoint_saved")
     pid, failed = last_rank(run_dir)
     batch_host = hostlist.expand_hostlist(starts(run_dir)[0])[0]
     assert failed != batch_host  # rank 3 is placed on the second node; the batch script runs on the first
@@ -163,8 +162,9 @@ def test_spares_used_up_requeue_without_the_bad_nodes(
 ) -> None:
     job_id, run_dir = submit_with_spare(testbed, corpus, tmp_path, "exhausted")
     failed = []
-    for _ in range(2):
-        wait_past_checkpoint(run_dir)
+    # The first crash after a checkpoint takes the spare; the second, right after the resume, finds none.
+    for after in ("checkpoint_saved", "resume"):
+        wait_past(run_dir, after)
         failed.append(kill_rank(run_dir))
         ended = len(failed)
         wait_for("the step to end", lambda n=ended: len(kinds(run_dir, "step_ended")) >= n, timeout_s=120)
@@ -178,3 +178,19 @@ def test_spares_used_up_requeue_without_the_bad_nodes(
     assert [e["exit_code"] for e in kinds(run_dir, "requeue")] == [87]
     check_like_reference(run_dir, reference)
     wait_for("no process left behind", lambda: not leftovers(run_dir), timeout_s=30)
+
+
+def test_preemption_under_the_supervisor_saves_and_requeues(
+    testbed: Any, corpus: Path, reference: RunDir, tmp_path: Path
+) -> None:
+    """The batch shell forwards the signal to the supervisor, which forwards it to srun: a stop is never restarted."""
+    job_id, run_dir = submit_with_spare(testbed, corpus, tmp_path, "preempted")
+    wait_for("step 1", lambda: last_step(run_dir) >= 1, timeout_s=300)
+    testbed.client.scancel(job_id, signal="USR2", batch=True)
+    status = wait_ended(testbed.client, job_id, 400)
+    assert status.state == JobState.COMPLETED, "\n".join(p.read_text()[-1500:] for p in run_dir.logs.glob("*.err"))
+    assert [e["reason"] for e in kinds(run_dir, "stop")] == ["signal"]
+    assert [e["exit_code"] for e in kinds(run_dir, "requeue")] == [85]
+    assert not kinds(run_dir, "in_job_restart") and not read_bad_nodes(run_dir.bad_nodes)
+    assert len(starts(run_dir)) == 2
+    check_like_reference(run_dir, reference)

@@ -34,7 +34,7 @@ HOSTILE = [
     "",
 ]
 
-#: extra golden cases beyond the example jobs: GPU profile, pinned rank order, container, --switches
+#: extra golden cases beyond the example jobs: GPU profile, pinned rank order, container, --switches, hot spares
 VARIANTS: dict[str, tuple[list[str], NodeRequest]] = {
     "h100-pinned-container": (
         [
@@ -51,6 +51,10 @@ VARIANTS: dict[str, tuple[list[str], NodeRequest]] = {
             "env.NCCL_DEBUG=WARN",
         ],
         NodeRequest(nodelist="gpu[07-08]", rank_hosts=("gpu08",) * 8 + ("gpu07",) * 8, exclude="gpu03"),
+    ),
+    "hot-spares": (
+        ["resources.spare_nodes=1"],
+        NodeRequest(nodelist="n[3-5]", rank_hosts=("n3", "n3", "n4", "n4"), spares=("n5",)),
     ),
     "switches-reservation": (
         ["cluster.reservation=maint window", "cluster.constraint=ib&nvme", "resilience.signal=USR1"],
