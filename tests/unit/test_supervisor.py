@@ -239,3 +239,18 @@ def test_events_are_json_lines(tmp_path: Path, small_corpus: Path) -> None:
     sup, run_dir, _ = supervised(tmp_path, small_corpus, "ok")
     assert sup.run() == ExitCode.OK
     assert all(json.loads(line)["job_id"] == "7" for line in run_dir.events.read_text().splitlines())
+
+
+def test_a_supervisor_of_a_job_that_does_not_own_the_run_starts_nothing(
+    tmp_path: Path, small_corpus: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from air_hpc.launch.owner import claim
+    from air_hpc.launch.supervisor import main
+
+    sup, run_dir, log = supervised(tmp_path, small_corpus, "ok")
+    with claim(run_dir, lambda owner: False) as record:
+        record("99", "slurm")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    assert main([str(run_dir.path), "--", *sup.srun_argv]) != ExitCode.OK
+    assert "belongs to job 99" in capsys.readouterr().err
+    assert not log.exists() and not run_dir.events.exists()
