@@ -185,7 +185,7 @@ def test_preemption_under_the_supervisor_saves_and_requeues(
 ) -> None:
     """The batch shell forwards the signal to the supervisor, which forwards it to srun: a stop is never restarted."""
     job_id, run_dir = submit_with_spare(testbed, corpus, tmp_path, "preempted")
-    wait_for("step 1", lambda: last_step(run_dir) >= 1, timeout_s=300)
+    wait_for("step 1", lambda: last_step(run_dir) >= 1, timeout_s=600)
     testbed.client.scancel(job_id, signal="USR2", batch=True)
     status = wait_ended(testbed.client, job_id, 400)
     assert status.state == JobState.COMPLETED, "\n".join(p.read_text()[-1500:] for p in run_dir.logs.glob("*.err"))
