@@ -54,7 +54,7 @@ from air_hpc.health.heartbeat import STEP_ATTEMPT_ENV, generation, generation_di
 from air_hpc.launch.owner import fence
 from air_hpc.render.spec import HOSTFILE_NAME, hang_backstop_s
 from air_hpc.resilience.events import EventLog
-from air_hpc.rundir import RunDir
+from air_hpc.rundir import ARMED_FILE_PREFIX, STOP_REQUESTED_FILE, RunDir
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.topology.fabric import Fabric
 from air_hpc.topology.hostlists import compress
@@ -186,23 +186,53 @@ class Supervisor:
         self.hostfile = Path(self.environ.get("SLURM_HOSTFILE") or run_dir.path / HOSTFILE_NAME)
         self.backstop_s = hang_backstop_s(job)
         self.probe = probe or self.probe_dead
-        self.stopping = False
+        self._signum: int | None = None
         self._proc: subprocess.Popen[str] | None = None
 
     # ---- signals -----------------------------------------------------------------
 
     def install_signals(self) -> None:
+        """Handle the stop signals, tell the batch shell so, then take a stop it recorded before.
+
+        The batch shell's protocol for the ranks, with the supervisor in their place: the shell
+        records a stop before it counts armed announcements, the supervisor announces before it
+        looks for the record, so either the shell forwards the signal or the supervisor finds it.
+        """
         names = {self.job.resilience.signal, *STOP_SIGNALS}
         for name in names:
             signal.signal(getattr(signal, f"SIG{name}"), self._on_signal)
+        job_start = generation_dir(
+            self.run_dir, generation({k: v for k, v in self.environ.items() if k != STEP_ATTEMPT_ENV})
+        )
+        job_start.mkdir(parents=True, exist_ok=True)
+        (job_start / f"{ARMED_FILE_PREFIX}supervisor").touch()
+        if (job_start / STOP_REQUESTED_FILE).exists():
+            log.warning("a stop was requested before the supervisor was armed")
+            self._signum = int(getattr(signal, f"SIG{self.job.resilience.signal}"))
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        """Only flag and forward: the step saves and exits, and the exit code decides what follows."""
-        self.stopping = True
+        """Only flag: the watch loop passes the stop on to the step, whose exit code decides what follows."""
+        self._signum = signum
+
+    @property
+    def stopping(self) -> bool:
+        return self._signum is not None
+
+    def _pass_on_stop(self, gen_dir: Path) -> None:
+        """Record the stop for the ranks of this step, then signal them if every rank is armed (else they read it)."""
+        signum = self._signum
         proc = self._proc
-        if proc is not None and proc.poll() is None:
+        if signum is None or proc is None or proc.poll() is not None:
+            return
+        gen_dir.mkdir(parents=True, exist_ok=True)
+        (gen_dir / STOP_REQUESTED_FILE).touch()
+        armed = len(list(gen_dir.glob(f"{ARMED_FILE_PREFIX}*")))
+        if armed >= self.job.resources.world_size:
+            log.warning("stop signal %d: forwarding it to the step", signum)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signum)
+        else:
+            log.warning("stop signal %d while the ranks start: they read the stop once armed", signum)
 
     # ---- the loop ----------------------------------------------------------------
 
@@ -219,7 +249,7 @@ class Supervisor:
         try:
             while True:
                 if self.stopping:
-                    log.warning("stop requested between two steps; handing the requeue to the batch script")
+                    log.warning("stop requested before the next step started; handing the requeue to the batch script")
                     return int(ExitCode.REQUEUE)
                 result = self._run_step(attempt, rank_hosts, spares)
                 code = result.exit_code
@@ -267,8 +297,12 @@ class Supervisor:
         probed = False
         hung = False
         kill_at: float | None = None
+        passed_on = False
         while (rc := self._proc.poll()) is None:
             time.sleep(POLL_S)
+            if self.stopping and not passed_on:
+                passed_on = True
+                self._pass_on_stop(gen_dir)
             if failure and not probed and not self.stopping:
                 probed = True
                 dead = self.probe(hosts)

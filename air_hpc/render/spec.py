@@ -93,6 +93,11 @@ class SbatchSpec:
     """The in-job supervisor that starts (and restarts) the ``srun`` step when there are spares."""
 
     @property
+    def armed_needed(self) -> int:
+        """Armed announcements before the batch shell forwards a stop: every rank's, or the supervisor's alone."""
+        return 1 if self.spare_nodes else self.world_size
+
+    @property
     def allocated_nodes(self) -> int:
         """Nodes asked from Slurm: the training nodes plus the hot spares."""
         return self.nodes + self.spare_nodes

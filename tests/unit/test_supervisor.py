@@ -136,6 +136,10 @@ if attempt >= len(plan) or plan[attempt] == "ok":
     sys.exit(0)
 if plan[attempt] == "sleep":
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    armed = os.path.join(os.environ["RUN"], "heartbeat", f"7-0.{attempt}")
+    os.makedirs(armed, exist_ok=True)
+    for rank in range(len(hosts)):
+        open(os.path.join(armed, f"armed-{rank}"), "w").close()
     time.sleep(300)
 print(f"srun: error: {hosts[-1]}: task {len(hosts) - 1}: Killed", file=sys.stderr, flush=True)
 sys.exit(137)
@@ -158,6 +162,7 @@ def supervised(tmp_path: Path, small_corpus: Path, plan_: str) -> tuple[Supervis
         "SLURM_JOB_NODELIST": "n[3-6]",
         "SLURM_HOSTFILE": str(hostfile),
         "LOG": str(log),
+        "RUN": str(run_dir.path),
         "PLAN": plan_,
     }
     sup = Supervisor(job, run_dir, [sys.executable, str(srun), "--x"], environ, SlurmClient(), probe=lambda h: ())
@@ -205,7 +210,8 @@ def start_supervisor(tmp_path: Path, small_corpus: Path) -> tuple[subprocess.Pop
         [sys.executable, "-m", "air_hpc.launch.supervisor", str(run_dir.path), "--", *sup.srun_argv], env=env
     )
     deadline = time.monotonic() + 60
-    while not log.exists() or not psutil.Process(proc.pid).children():
+    armed = run_dir.heartbeat / "7-0.0"
+    while not log.exists() or not psutil.Process(proc.pid).children() or len(list(armed.glob("armed-*"))) < 4:
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.1)
     return proc, psutil.Process(proc.pid).children()[0]
@@ -263,3 +269,22 @@ def test_spares_on_a_block_topology_are_one_line_exit_2(tmp_path: Path, small_co
     with pytest.raises(ConfigError, match=r"^resources\.spare_nodes: hot spares need a tree topology_file") as info:
         plan(job)
     assert info.value.exit_code == ExitCode.USAGE
+
+
+def test_a_stop_recorded_before_the_supervisor_was_armed_requeues_without_a_step(
+    tmp_path: Path, small_corpus: Path
+) -> None:
+    sup, run_dir, log = supervised(tmp_path, small_corpus, "ok")
+    job_start = run_dir.heartbeat / "7-0"
+    job_start.mkdir(parents=True)
+    (job_start / "stop_requested").touch()  # what the batch shell's trap writes
+    handled = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {signum: signal.getsignal(signum) for signum in handled}
+    sup.install_signals()
+    try:
+        assert (job_start / "armed-supervisor").exists()  # the batch shell forwards from now on
+        assert sup.run() == ExitCode.REQUEUE
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    assert not log.exists()
