@@ -70,6 +70,7 @@ def _jobs(campaign: Campaign) -> tuple[JobConfig, JobConfig]:
                 *campaign.overrides,
                 f"run.name={base.run.name}-{role}-s{campaign.seed}-{stamp}",
                 f"cluster.topology_file={campaign.topology_conf}",
+                "cluster.exclusive=true",  # never a node shared at once: a fault on one copy never reaches the other
             ],
         )
 
