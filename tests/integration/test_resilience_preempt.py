@@ -206,10 +206,26 @@ def test_testbed_job_preempted_by_slurm_saves_in_grace_requeues_once_and_matches
     print(f"preemption save: step ended {preempted['ended_after_s']} s into a {preempted['grace_s']} s grace time")
 
 
-#: On the first start every rank takes 4 s longer per step (sitecustomize on the job's PYTHONPATH), so the
-#: run cannot finish within its two-minute time limit; later starts train at full speed.
+#: On the first start every rank waits up to 15 s before each step (sitecustomize on the job's PYTHONPATH), so
+#: the run cannot finish within its two-minute time limit however fast it starts; the wait ends as soon as the
+#: rank's stop handler sees the signal, so the stop is not delayed. Later starts train at full speed.
 SLOW_FIRST_START = """
-import os, sys, threading, time
+import os, signal, sys, threading, time
+
+stopped = threading.Event()
+_install = signal.signal
+
+
+def _chained(signum, handler):
+    if signum == signal.SIGUSR2 and callable(handler):
+        inner = handler
+
+        def handler(number, frame):
+            stopped.set()
+            inner(number, frame)
+
+    return _install(signum, handler)
+
 
 def _patch():
     while not hasattr(sys.modules.get("air_hpc.train.loop"), "StepRunner"):
@@ -218,12 +234,13 @@ def _patch():
     original = runner.step
 
     def step(self, consumed):
-        time.sleep(4)
+        stopped.wait(15)
         return original(self, consumed)
 
     runner.step = step
 
 if os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
+    signal.signal = _chained
     threading.Thread(target=_patch, daemon=True).start()
 """
 
