@@ -52,15 +52,18 @@ def dist_env_from_slurm(environ: Mapping[str, str]) -> DistEnv:
     return DistEnv(rank, world, local_rank, master, port, hostname)
 
 
-def dist_env_from_submitit() -> DistEnv:
+def dist_env_from_submitit(environ: Mapping[str, str]) -> DistEnv:
+    """submitit's ranks, with our port derivation: submitit draws one from 20000-60000, often an ephemeral port."""
     dist = submitit.helpers.TorchDistributedEnvironment()
-    hostname = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    return DistEnv(dist.rank, dist.world_size, dist.local_rank, dist.master_addr, dist.master_port, hostname)
+    job_id = str(submitit.JobEnvironment().job_id)
+    port = dist.master_port if environ.get("MASTER_PORT") or not job_id.isdecimal() else master_port(int(job_id))
+    hostname = environ.get("SLURMD_NODENAME") or socket.gethostname()
+    return DistEnv(dist.rank, dist.world_size, dist.local_rank, dist.master_addr, port, hostname)
 
 
 def current_dist_env(environ: Mapping[str, str]) -> DistEnv:
     """Under submitit ask submitit; under a bare ``srun`` read Slurm's variables; then apply the rank order."""
-    env = dist_env_from_submitit() if environ.get("SUBMITIT_EXECUTOR") else dist_env_from_slurm(environ)
+    env = dist_env_from_submitit(environ) if environ.get("SUBMITIT_EXECUTOR") else dist_env_from_slurm(environ)
     hostfile = environ.get(RANK_ORDER_ENV)
     if not hostfile:
         return env

@@ -24,9 +24,10 @@ BATCH_STDOUT = "slurm-%j.out"
 BATCH_STDERR = "slurm-%j.err"
 #: The rank order file the batch script writes for ``srun --distribution=arbitrary``.
 HOSTFILE_NAME = "hostfile"
-#: MASTER_PORT = base + job id modulo span: the same port after a requeue, rarely shared by two jobs.
+#: MASTER_PORT = base + job id modulo span: the same port after a requeue, rarely shared by two jobs, and
+#: below Linux's default ephemeral range (32768-60999), where any outgoing connection may hold it.
 MASTER_PORT_BASE = 20000
-MASTER_PORT_SPAN = 20000
+MASTER_PORT_SPAN = 12000
 
 
 def master_port(job_id: int) -> int:

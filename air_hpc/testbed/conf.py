@@ -3,6 +3,8 @@
 from dataclasses import dataclass
 from pathlib import Path
 
+from air_hpc.render.spec import MASTER_PORT_SPAN
+
 #: Fixed node resources, applied by slurmd through ``SlurmdParameters=config_overrides``
 #: so every emulated node looks the same whatever the host has.
 NODE_CPUS = 4
@@ -183,7 +185,8 @@ def slurm_conf(
 
 
 def first_job_id(ctld_port: int) -> int:
-    return 1 + 1000 * (ctld_port % 20)
+    """Blocks of 1000 ids inside one MASTER_PORT span, so two testbeds' derived ports differ."""
+    return 1 + 1000 * (ctld_port % (MASTER_PORT_SPAN // 1000))
 
 
 def slurmdbd_conf(layout: Layout, ports: Ports) -> str:

@@ -20,7 +20,7 @@ def test_slurm_conf_keeps_everything_on_loopback_and_under_the_state_dir(tmp_pat
     assert "SlurmctldHost=vm(127.0.0.1)" in text
     assert "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny" in text
     assert f"AuthInfo=socket={tmp_path}/munge/munge.socket,cred_expire=5" in text
-    assert "FirstJobId=1001" in text, "job ids start from the controller port, so side-by-side testbeds differ"
+    assert "FirstJobId=5001" in text, "job ids start from the controller port, so side-by-side testbeds differ"
     assert conf.first_job_id(7001) != conf.first_job_id(7002)
     assert "SchedulerParameters=sched_interval=2,bf_interval=2" in text
     assert "TopologyPlugin=topology/tree" in text

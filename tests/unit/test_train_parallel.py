@@ -62,3 +62,8 @@ def test_virtual_stages_first_and_last_chunks() -> None:
     assert [first.chunk_is_last(c) for c in range(2)] == [False, False]
     assert [last.chunk_is_last(c) for c in range(2)] == [False, True]
     assert last.writes_metrics and not first.writes_metrics
+
+
+def test_derived_master_ports_stay_below_the_ephemeral_range() -> None:
+    """Linux hands out 32768-60999 to outgoing connections; a derived port there may be taken (EADDRINUSE)."""
+    assert max(master_port(job_id) for job_id in range(100_000)) < 32768
