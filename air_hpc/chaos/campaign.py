@@ -15,7 +15,7 @@ from pathlib import Path
 
 from air_hpc.chaos.inject import INJECTORS, InjectionError, Target, check_cluster, check_kinds
 from air_hpc.chaos.outcome import CampaignResult, Injection, outcomes
-from air_hpc.chaos.schedule import NO_RESTART_KINDS, plan
+from air_hpc.chaos.schedule import NO_RESTART_KINDS, Fault, plan
 from air_hpc.config.load import load_job
 from air_hpc.config.models import JobConfig
 from air_hpc.errors import AirHpcError, UserError
@@ -123,6 +123,44 @@ def _wait_ended(client: SlurmClient, job_id: str, c: Campaign) -> str:
     return state
 
 
+def _strike(
+    campaign: Campaign, faults: Sequence[Fault], target: Target, on_fault: Callable[[Injection], None]
+) -> list[Injection]:
+    """Each fault once the run reached its step and recovered from the previous one."""
+    client, job_id, run_dir = target.client, target.job_id, target.run_dir
+    injections: list[Injection] = []
+    for fault in faults:
+        if injections:
+            last = injections[-1]
+            restarts = last.fault.kind not in NO_RESTART_KINDS
+            recovered = functools.partial(_recovered, run_dir, last.injected_s, restarts and not last.missed)
+            if not _wait_until(f"recovery from fault {last.fault.number}", recovered, client, job_id, campaign):
+                break
+        reached = functools.partial(_reached, run_dir, fault.after_step)
+        if not _wait_until(f"step {fault.after_step}", reached, client, job_id, campaign):
+            break
+        time.sleep(fault.delay_s)
+        since, step = time.time(), _last_step(run_dir)
+        try:
+            injection = Injection(fault, since, INJECTORS[fault.kind](target), step)
+        except InjectionError as exc:
+            injection = Injection(fault, since, "", step, missed=str(exc))
+        injections.append(injection)
+        on_fault(injection)
+    if len(injections) < len(faults):
+        log.warning("job %s ended after %d of %d faults", job_id, len(injections), len(faults))
+    return injections
+
+
+def _cancel(client: SlurmClient, job_ids: Sequence[str]) -> None:
+    """A campaign that cannot go on leaves no copy behind holding testbed nodes."""
+    for job_id in job_ids:
+        try:
+            client.scancel(job_id)
+        except AirHpcError as exc:
+            log.warning("could not cancel job %s: %s", job_id, exc)
+
+
 def run_campaign(
     campaign: Campaign, client: SlurmClient, on_fault: Callable[[Injection], None] = lambda _: None
 ) -> tuple[CampaignResult, Sequence[Injection], RunDir, RunDir]:
@@ -142,29 +180,13 @@ def run_campaign(
         nodes=chaos_job.resources.nodes,
         rng=random.Random(campaign.seed),
     )
-    injections: list[Injection] = []
-    for fault in faults:
-        if injections:
-            last = injections[-1]
-            restarts = last.fault.kind not in NO_RESTART_KINDS
-            recovered = functools.partial(_recovered, run_dir, last.injected_s, restarts and not last.missed)
-            if not _wait_until(f"recovery from fault {last.fault.number}", recovered, client, chaos.job_id, campaign):
-                break
-        reached = functools.partial(_reached, run_dir, fault.after_step)
-        if not _wait_until(f"step {fault.after_step}", reached, client, chaos.job_id, campaign):
-            break
-        time.sleep(fault.delay_s)
-        since, step = time.time(), _last_step(run_dir)
-        try:
-            injection = Injection(fault, since, INJECTORS[fault.kind](target), step)
-        except InjectionError as exc:
-            injection = Injection(fault, since, "", step, missed=str(exc))
-        injections.append(injection)
-        on_fault(injection)
-    if len(injections) < len(faults):
-        log.warning("job %s ended after %d of %d faults", chaos.job_id, len(injections), len(faults))
-    final_state = _wait_ended(client, chaos.job_id, campaign)
-    _wait_ended(client, reference.job_id, campaign)
+    try:
+        injections = _strike(campaign, faults, target, on_fault)
+        final_state = _wait_ended(client, chaos.job_id, campaign)
+        _wait_ended(client, reference.job_id, campaign)
+    except BaseException:
+        _cancel(client, (chaos.job_id, reference.job_id))
+        raise
     records = load_records(run_dir)
     mine, theirs = build_report(records), build_report(load_records(RunDir(reference.run_dir)))
     result = CampaignResult(

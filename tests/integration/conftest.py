@@ -51,3 +51,20 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningTestbed
         )
     finally:
         bed.down()
+
+
+@pytest.fixture(autouse=True)
+def idle_testbed_after(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each testbed test leaves the cluster idle: a job a failed test left behind would hold nodes the next
+    test's placement counts on, turning one failure into several."""
+    yield
+    if "testbed" not in request.fixturenames:
+        return
+    client: SlurmClient = request.getfixturevalue("testbed").client
+    deadline = time.monotonic() + 60
+    while job_ids := client.run(["squeue", "-h", "-o", "%i"], check=False).stdout.split():
+        for job_id in job_ids:
+            client.run(["scancel", job_id], check=False)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"testbed jobs {job_ids} still in the queue 60 s after scancel")
+        time.sleep(0.5)

@@ -30,7 +30,10 @@ def test_a_preemption_and_a_hang_lose_nothing(testbed: Any, tmp_path: Path, caps
         "checkpoint.interval_steps=3",
         "checkpoint.keep_last=10",
         "health.preflight=false",
-        "health.heartbeat_step_s=15",  # the frozen rank is noticed in seconds, not minutes
+        # The frozen rank is noticed in seconds, not minutes, whether it froze in a step or in a save.
+        "health.heartbeat_step_s=15",
+        "health.heartbeat_checkpoint_s=20",
+        "checkpoint.async_wait_s=10",
     ]
     args = ["chaos", str(REPO / "configs/jobs/gpt-tiny-testbed.yaml"), "--faults", "preempt,hang", "--count", "2"]
     args += ["--seed", "1", "--state-dir", str(testbed.state_dir), "--json", "--timeout-s", "400"]

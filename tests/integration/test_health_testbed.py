@@ -103,7 +103,7 @@ def run_payload(testbed: Any, tmp_path: Path, job: JobConfig, mode: str = "run")
     payload = tmp_path / "payload.py"
     payload.write_text(PAYLOAD)
     done = submit(job, "slurm", testbed.client, step_command=[sys.executable, str(payload), str(job.run.dir), mode])
-    status = wait_ended(testbed.client, done.job_id, 100)
+    status = wait_ended(testbed.client, done.job_id, 300)
     starts = [row["nodelist"] for row in read_jsonl(RunDir.of(job).submissions) if row.get("event") == "started"]
     return str(status.state), starts
 
@@ -199,7 +199,7 @@ def test_hung_rank_in_the_real_trainer_is_detected_excluded_and_the_run_finishes
     )
     hang_rank = 3
     done = submit(job, "slurm", testbed.client)
-    status = wait_ended(testbed.client, done.job_id, 150, poll_s=1)
+    status = wait_ended(testbed.client, done.job_id, 400, poll_s=1)
     run_dir = RunDir.of(job)
     starts = [row["nodelist"] for row in read_jsonl(run_dir.submissions) if row.get("event") == "started"]
     assert str(status.state) == str(JobState.COMPLETED), starts

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from air_hpc.chaos.campaign import Campaign, CampaignError, run_campaign
 from air_hpc.chaos.inject import check_cluster, check_kinds
 from air_hpc.chaos.outcome import CampaignResult, Injection, fault_outcome, format_result, outcomes
 from air_hpc.chaos.schedule import FAULT_KINDS, Fault, parse_kinds, plan
@@ -15,6 +16,9 @@ from air_hpc.observe.records import RunRecords, parse_events, parse_steps
 from air_hpc.resilience.store import FileEntry, Manifest, step_name
 from air_hpc.rundir import RunDir
 from air_hpc.slurm.client import SlurmClient
+from air_hpc.slurm.fake import FakeSlurm
+from air_hpc.slurm.jobs import JobState
+from air_hpc.train import data
 from tests.unit.test_cli import TESTBED_JOB, run_main
 
 # ---- schedule ----------------------------------------------------------------
@@ -211,3 +215,22 @@ def test_chaos_refuses_a_job_for_another_cluster(capsys: pytest.CaptureFixture[s
     job.write_text(Path(TESTBED_JOB).read_text().replace("cluster: testbed", "cluster: prod"))
     code, _, err = run_main(["chaos", str(job), "--faults", "preempt", "--count", "1"], capsys)
     assert code == 2 and "air-hpc chaos runs only on the local testbed" in err and len(err.strip().splitlines()) == 1
+
+
+# ---- campaign ------------------------------------------------------------------
+
+
+def test_a_campaign_that_cannot_go_on_cancels_both_copies(tmp_path: Path) -> None:
+    """A stalled run (here: never started) ends the campaign with one line, and leaves no job holding nodes."""
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog\n" * 50)
+    corpus = data.prepare([text], tmp_path / "corpus.h5", data.ByteTokenizer()).path
+    topology = tmp_path / "topology.conf"
+    topology.write_text("SwitchName=a Nodes=n[1-2]\nSwitchName=b Nodes=n[3-4]\nSwitchName=top Switches=a,b\n")
+    fake = FakeSlurm(nodes={f"n{i}": "IDLE" for i in range(1, 5)})
+    overrides = (f"run.root={tmp_path / 'runs'}", f"data.path={corpus}")
+    campaign = Campaign(Path(TESTBED_JOB), overrides, ("hang",), 1, 1, topology, timeout_s=0.3, poll_s=0.05)
+    with pytest.raises(CampaignError, match=r"did not happen in 0\.3 s"):
+        run_campaign(campaign, fake)
+    assert len(fake.jobs) == 2
+    assert all(job.state == JobState.CANCELLED for job in fake.jobs.values())
