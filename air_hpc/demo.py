@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING
 
 from air_hpc.config import load_job
 from air_hpc.errors import AirHpcError
-from air_hpc.launch import submit as submitting
+from air_hpc.launch.control import run_status, watch_run
+from air_hpc.launch.submit import submit
+from air_hpc.launch.waiting import describe_failure, wait_deadline_s, wait_slurm
 from air_hpc.rundir import RunDir, read_jsonl
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.jobs import JobStatus
@@ -88,7 +90,7 @@ def run_demo(
             f"cluster.topology_file={bed.layout.topology_conf}",
         ],
     )
-    submission = submitting.submit(job, "slurm", client)
+    submission = submit(job, "slurm", client)
     for note in submission.plan.notes:
         echo(f"placement: {note}")
     run_dir = RunDir(submission.run_dir)
@@ -105,18 +107,16 @@ def run_demo(
         echo(f"  job {submission.job_id}: {change.state}, restarts {change.restarts}")
 
     if console is None:
-        final = submitting.wait_slurm(client, submission.job_id, poll_s=1.0, on_change=show)
+        final = wait_slurm(client, submission.job_id, timeout_s=wait_deadline_s(job), poll_s=1.0, on_change=show)
     else:
-        from air_hpc.launch.control import run_status, watch_run
-
-        final = watch_run(lambda: run_status(run_dir, client), console, poll_s=1.0).job
+        final = watch_run(lambda: run_status(run_dir, client), console, timeout_s=wait_deadline_s(job), poll_s=1.0).job
     for event in read_jsonl(run_dir.events) if run_dir.events.exists() else []:
         if event.get("kind") in {"signal", "stop", "checkpoint_saved", "requeue", "resume"}:
             shown = ("step", "reason", "seconds", "signal", "exit_code")
             details = ", ".join(f"{k}={event[k]}" for k in shown if k in event)
             echo(f"  {event['kind']}: {details}")
     if final.state.value != "COMPLETED":
-        raise AirHpcError(submitting.describe_failure(final) + f"; see {run_dir.logs}")
+        raise AirHpcError(describe_failure(final) + f"; see {run_dir.logs}")
 
     from air_hpc.observe.plot import plot_run
     from air_hpc.observe.records import load_records

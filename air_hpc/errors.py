@@ -41,6 +41,14 @@ class SlurmUnreachableError(SlurmError):
     exit_code = ExitCode.UNREACHABLE
 
 
+class TrainingFailed(AirHpcError):
+    """A submitted job ended without completing."""
+
+
+class WaitTimeoutError(AirHpcError):
+    """A job outlived the deadline of a wait for it (the job itself keeps running)."""
+
+
 class TestbedError(AirHpcError):
     """The embedded Slurm testbed could not be brought up or down."""
 

@@ -5,7 +5,7 @@ import logging
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -13,6 +13,9 @@ from air_hpc.cli.options import echo_json, job_argument, json_option, run_argume
 from air_hpc.errors import UserError
 
 if TYPE_CHECKING:
+    from air_hpc.launch.control import RunStatus
+    from air_hpc.launch.plan import Plan
+    from air_hpc.launch.submit import Submission
     from air_hpc.slurm.client import SlurmClient
 
 python_option = click.option(
@@ -39,7 +42,7 @@ def _client() -> "SlurmClient":
 def render(job_file: str, overrides: tuple[str, ...], output: str | None, python: str | None) -> None:
     """Print the batch script for JOB_FILE. Contacts no Slurm daemon: every node counts as free."""
     from air_hpc.config import load_job
-    from air_hpc.launch.submit import plan
+    from air_hpc.launch.plan import plan
 
     job = load_job(job_file, overrides)
     script = plan(job, None, python=python).script
@@ -104,7 +107,7 @@ def submit(
     _wait_and_summarize(done, client, as_json)
 
 
-def _report_dry_run(planned: Any, as_json: bool) -> None:
+def _report_dry_run(planned: "Plan", as_json: bool) -> None:
     test_only = planned.test_only
     if as_json:
         echo_json(
@@ -126,33 +129,36 @@ def _report_dry_run(planned: Any, as_json: bool) -> None:
     click.echo(f"dry run: nothing submitted; run dir would be {planned.spec.run_dir}", err=True)
 
 
-def _wait_and_summarize(done: Any, client: Any, as_json: bool) -> None:
+def _wait_and_summarize(done: "Submission", client: "SlurmClient", as_json: bool) -> None:
     from rich.console import Console
 
+    from air_hpc.errors import TrainingFailed
     from air_hpc.launch.control import run_status, watch_run
-    from air_hpc.launch.submit import TrainingFailed, describe_failure, wait_local
+    from air_hpc.launch.waiting import describe_failure, poll_until, wait_deadline_s, wait_local
     from air_hpc.rundir import RunDir
 
     run_dir = RunDir(done.run_dir)
-    if done.executor == "local":
+    timeout_s = wait_deadline_s(done.plan.job)
 
-        def poll() -> Any:
+    def poll() -> "RunStatus":
+        if done.executor == "local":
             done.handle.done()  # reaps the finished controller, so its PID no longer reads as alive
-            return run_status(run_dir, client)
-
-    else:
-
-        def poll() -> Any:
-            return run_status(run_dir, client)
+        return run_status(run_dir, client)
 
     if as_json:
-        while not poll().job.state.terminal:
-            time.sleep(2.0)
+        for _ in poll_until(
+            poll,
+            lambda status: status.job.state.terminal,
+            timeout_s=timeout_s,
+            poll_s=2.0,
+            what=lambda status: f"job {status.job.job_id} is {status.job.state}",
+        ):
+            pass
     else:
         click.echo(f"submitted job {done.job_id} ({done.executor}); run dir {done.run_dir}")
-        watch_run(poll, Console())
+        watch_run(poll, Console(), timeout_s=timeout_s)
     if done.executor == "local":
-        wait_local(done)
+        wait_local(run_dir, done.job_id, timeout_s=timeout_s)
     status = run_status(run_dir, client)
     if as_json:
         echo_json(status.to_json())
@@ -164,7 +170,7 @@ def _wait_and_summarize(done: Any, client: Any, as_json: bool) -> None:
         raise TrainingFailed(describe_failure(status.job))
 
 
-def _summary(status: Any) -> str:
+def _summary(status: "RunStatus") -> str:
     lines = [
         f"run      {status.run_dir.path}",
         f"job      {status.job.job_id} ({status.submission.executor}): {status.job.state}"
@@ -223,8 +229,9 @@ def status(target: str | None, watch: bool, as_json: bool) -> None:
         from rich.console import Console
 
         from air_hpc.launch.control import watch_run
+        from air_hpc.launch.waiting import run_deadline_s
 
-        watch_run(lambda: run_status(run_dir, client), Console())
+        watch_run(lambda: run_status(run_dir, client), Console(), timeout_s=run_deadline_s(run_dir))
         return
     result = run_status(run_dir, client)
     if as_json:

@@ -5,6 +5,7 @@ submitit's) through the Slurm client, local jobs through the run's own records
 and the controller process they identify (:mod:`air_hpc.launch.local_job`).
 """
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from air_hpc.health.badnodes import read_bad_nodes
 from air_hpc.launch.attempts import settle
 from air_hpc.launch.local_job import cancel_local, local_job_status
 from air_hpc.launch.runs import SubmissionRecord, latest_submission, record_cancel
+from air_hpc.launch.waiting import poll_until
 from air_hpc.observe.live import LiveView, change_key, last_event, live_panel, plain_line
 from air_hpc.observe.progress import RunProgress, run_progress
 from air_hpc.observe.records import load_records, stop_reason
@@ -137,29 +139,34 @@ def live_view(status: RunStatus, now_s: float) -> LiveView:
 def watch_run(
     poll: Callable[[], RunStatus],
     console: "Console",
+    *,
+    timeout_s: float,
     poll_s: float = 2.0,
 ) -> RunStatus:
     """Show a run until its job ends: a live panel on a terminal, else a plain line whenever something changed.
 
-    ``poll`` reads the run's status (``run_status`` bound to a run and a client).
+    ``poll`` reads the run's status (``run_status`` bound to a run and a client);
+    :class:`~air_hpc.errors.WaitTimeoutError` once ``timeout_s`` passes first.
     """
     from rich.live import Live
 
-    status = poll()
+    statuses = poll_until(
+        poll,
+        lambda status: status.job.state.terminal,
+        timeout_s=timeout_s,
+        poll_s=poll_s,
+        what=lambda status: f"job {status.job.job_id} of run {status.run_dir.path.name} is {status.job.state}",
+    )
+    first = status = next(statuses)
     if console.is_terminal:
-        with Live(live_panel(live_view(status, time.time())), console=console, auto_refresh=False) as live:
-            while not status.job.state.terminal:
-                time.sleep(poll_s)
-                status = poll()
+        with Live(live_panel(live_view(first, time.time())), console=console, auto_refresh=False) as live:
+            for status in statuses:
                 live.update(live_panel(live_view(status, time.time())), refresh=True)
         return status
     shown: tuple[object, ...] | None = None
-    while True:
+    for status in itertools.chain([first], statuses):
         view = live_view(status, time.time())
         if change_key(view) != shown:
             console.print(plain_line(view), soft_wrap=True, highlight=False, markup=False)
             shown = change_key(view)
-        if status.job.state.terminal:
-            return status
-        time.sleep(poll_s)
-        status = poll()
+    return status

@@ -18,6 +18,7 @@ from air_hpc.exitcodes import REQUEUE_WORTHY, ExitCode
 from air_hpc.health.heartbeat import EXIT_CODE_FILE
 from air_hpc.render.quoting import check_env_name, check_one_line, slurm_filename
 from air_hpc.rundir import ARMED_FILE_PREFIX, STOP_REQUESTED_FILE, RunDir
+from air_hpc.topology.request import NodeRequest
 
 #: Batch script output names under the run's logs/ (``%j``: the job id, stable across requeues).
 BATCH_STDOUT = "slurm-%j.out"
@@ -39,24 +40,6 @@ def batch_log_paths(run_dir: Path, job_id: str) -> tuple[Path, Path]:
     """The batch script's stdout and stderr files of one job."""
     logs = RunDir(run_dir).logs
     return logs / BATCH_STDOUT.replace("%j", job_id), logs / BATCH_STDERR.replace("%j", job_id)
-
-
-@dataclass(frozen=True)
-class NodeRequest:
-    """Which nodes to ask Slurm for; made from a topology selection and placement."""
-
-    nodelist: str | None = None
-    """Hostlist expression pinned with ``--nodelist``."""
-    switches: int | None = None
-    """Leaf switches to ask for with ``--switches`` when nodes are not pinned."""
-    segment: int | None = None
-    """Nodes per segment under topology/block (``--segment``): each segment stays inside one base block."""
-    rank_hosts: tuple[str, ...] = ()
-    """One host per rank, in rank order (written to ``SLURM_HOSTFILE``); empty: Slurm's block order."""
-    exclude: str | None = None
-    """Hostlist expression to keep out of the allocation (``--exclude``), e.g. known bad nodes."""
-    spares: tuple[str, ...] = ()
-    """Hot spares pinned beside the rank hosts (part of ``nodelist``, no ranks until a node fails)."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +65,7 @@ class SbatchSpec:
     step_command: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
     """Sorted (name, value) pairs exported before the step starts."""
-    request: NodeRequest = NodeRequest()
+    request: NodeRequest = field(default_factory=NodeRequest)
     container_image: str | None = None
     container_mounts: tuple[str, ...] = ()
     requeue_codes: tuple[int, ...] = field(default=tuple(sorted(int(c) for c in REQUEUE_WORTHY)))

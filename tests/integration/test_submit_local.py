@@ -11,8 +11,10 @@ import psutil
 import pytest
 
 from air_hpc.config import load_job
+from air_hpc.errors import TrainingFailed
 from air_hpc.launch.control import run_status
-from air_hpc.launch.submit import TrainingFailed, submit, wait_local
+from air_hpc.launch.submit import submit
+from air_hpc.launch.waiting import wait_local
 from air_hpc.rundir import RunDir
 from air_hpc.slurm.fake import FakeSlurm
 from air_hpc.slurm.jobs import JobState
@@ -75,7 +77,7 @@ def local_job(tmp_path: Path, name: str, corpus: Path):
 def test_local_executor_runs_waits_and_reports(tmp_path: Path, small_corpus: Path) -> None:
     done = submit(local_job(tmp_path, "ok", small_corpus), "local", FakeSlurm(), entry=Steps)
     assert done.handle is not None
-    wait_local(done)
+    wait_local(RunDir(done.run_dir), done.job_id, timeout_s=120)
     assert sorted(done.handle.results()) == ["rank 0", "rank 1"]
     status = run_status(RunDir(done.run_dir), FakeSlurm())
     assert status.submission.executor == "local" and status.job.state is JobState.COMPLETED
@@ -86,7 +88,7 @@ def test_local_executor_runs_waits_and_reports(tmp_path: Path, small_corpus: Pat
 def test_local_executor_failure_is_reported(tmp_path: Path, small_corpus: Path) -> None:
     done = submit(local_job(tmp_path, "fails", small_corpus), "local", FakeSlurm(), entry=Fails)
     with pytest.raises(TrainingFailed, match="failed"):
-        wait_local(done)
+        wait_local(RunDir(done.run_dir), done.job_id, timeout_s=120)
     assert run_status(RunDir(done.run_dir), FakeSlurm()).job.state is JobState.FAILED
     assert "rank 0 exited 1" in run_status(RunDir(done.run_dir), FakeSlurm()).job.reason
 

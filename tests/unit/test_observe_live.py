@@ -75,7 +75,7 @@ def test_off_a_terminal_one_plain_line_per_change(tmp_path: Path) -> None:
     run_dir, fake, job_id = fake_run(tmp_path)
     out = io.StringIO()
     polls = scripted(run_dir, fake, job_id)
-    final = watch_run(lambda: next(polls), Console(file=out, width=300), poll_s=0)
+    final = watch_run(lambda: next(polls), Console(file=out, width=300), timeout_s=60, poll_s=0)
     assert final.job.state is JobState.COMPLETED
     lines = out.getvalue().splitlines()
     assert [line.split(",")[0] for line in lines] == [
@@ -90,7 +90,8 @@ def test_on_a_terminal_the_panel(tmp_path: Path) -> None:
     run_dir, fake, job_id = fake_run(tmp_path)
     out = io.StringIO()
     polls = scripted(run_dir, fake, job_id)
-    watch_run(lambda: next(polls), Console(file=out, width=100, force_terminal=True, color_system=None), poll_s=0)
+    console = Console(file=out, width=100, force_terminal=True, color_system=None)
+    watch_run(lambda: next(polls), console, timeout_s=60, poll_s=0)
     text = out.getvalue()
     assert "COMPLETED" in text and "last event" in text and f"job {job_id}" in text
 
