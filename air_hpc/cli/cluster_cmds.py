@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from air_hpc.cli.job_cmds import _client
-from air_hpc.cli.options import echo_json, json_option, set_option
+from air_hpc.cli.options import echo_json, json_option, set_option, slurm_client
 
 if TYPE_CHECKING:
     from air_hpc.launch.doctor import Finding
@@ -20,7 +19,7 @@ if TYPE_CHECKING:
 def _facts() -> "ClusterFacts":
     from air_hpc.slurm.cluster import probe_cluster
 
-    return probe_cluster(_client(), getpass.getuser())
+    return probe_cluster(slurm_client(), getpass.getuser())
 
 
 def _limit(value: int | None, unit: str = "") -> str:

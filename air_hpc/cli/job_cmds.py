@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from air_hpc.cli.options import echo_json, job_argument, json_option, run_argument, set_option
+from air_hpc.cli.options import echo_json, job_argument, json_option, run_argument, set_option, slurm_client
 from air_hpc.errors import UserError
 
 if TYPE_CHECKING:
@@ -23,15 +23,6 @@ python_option = click.option(
     metavar="PATH",
     help="Python interpreter on the compute nodes (default: cluster.python, else the one running air-hpc).",
 )
-
-
-def _client() -> "SlurmClient":
-    """The Slurm client: injected through the click context object in tests, else a real one."""
-    from air_hpc.slurm.client import SlurmClient
-
-    obj = click.get_current_context().obj
-    injected = obj.get("slurm_client") if isinstance(obj, dict) else None
-    return injected if isinstance(injected, SlurmClient) else SlurmClient(retries=2, backoff_s=1.0)
 
 
 @click.command()
@@ -82,7 +73,7 @@ def submit(
     from air_hpc.launch import submit as submitting
 
     job = load_job(job_file, overrides)
-    client = _client()
+    client = slurm_client()
     if dry_run:
         submitting.check_data(job)
         planned = submitting.plan(job, None if executor == "local" else client, python=python, test_only=True)
@@ -199,7 +190,7 @@ def status(target: str | None, watch: bool, as_json: bool) -> None:
     from air_hpc.launch.control import run_status
     from air_hpc.launch.runs import resolve_run
 
-    client = _client()
+    client = slurm_client()
     if watch and (target is None or as_json):
         raise UserError("--watch follows one run: give RUN, and no --json")
     if target is None:
@@ -306,7 +297,7 @@ def logs(run: str, follow: bool, rank: int | None, pattern: str | None, as_json:
         return
     if not follow:
         return
-    client = _client()
+    client = slurm_client()
     while True:
         time.sleep(1.0)
         drain(whole=False)
@@ -325,7 +316,7 @@ def cancel(run: str, as_json: bool) -> None:
     from air_hpc.launch.runs import resolve_run
 
     run_dir = resolve_run(run)
-    record, cancelled = cancel_run(run_dir, _client())
+    record, cancelled = cancel_run(run_dir, slurm_client())
     if as_json:
         echo_json(
             {"run_dir": str(run_dir.path), "job_id": record.job_id, "executor": record.executor, "cancelled": cancelled}
@@ -351,7 +342,7 @@ def runs(root: str | None, as_json: bool) -> None:
     from air_hpc.launch.runs import find_runs, latest_submission, runs_root
     from air_hpc.observe.overview import run_row, runs_table
 
-    client = _client()
+    client = slurm_client()
     rows = []
     for run_dir in find_runs(root):
         state, job_id, restarts = "not submitted", None, None

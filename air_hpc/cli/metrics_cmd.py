@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from air_hpc.cli.job_cmds import _client
+from air_hpc.cli.options import slurm_client
 from air_hpc.errors import UserError
 
 
@@ -29,7 +29,7 @@ def metrics(root: str | None, textfile: Path | None, port: int | None, bind: str
     from air_hpc.observe.prometheus import registry_of, serve, write_textfile
 
     one_of = "give one of --textfile OUT.prom or --serve PORT"
-    client = _client()
+    client = slurm_client()
     registry = registry_of(lambda: snapshot(root, client))
     if textfile is not None:
         if port is not None:

@@ -1,4 +1,4 @@
-"""Options shared by commands: ``--set``, ``--json`` (and the one JSON style), the run argument."""
+"""Options shared by commands: ``--set``, ``--json`` (and the one JSON style), the run argument, the Slurm client."""
 
 import json
 from collections.abc import Callable
@@ -6,6 +6,8 @@ from contextvars import ContextVar
 from typing import Any
 
 import click
+
+from air_hpc.slurm.client import SlurmClient
 
 #: Set when a command was given ``--json``, so the error boundary answers in JSON too.
 json_requested: ContextVar[bool] = ContextVar("json_requested", default=False)
@@ -50,3 +52,10 @@ def job_argument(func: Callable[..., Any]) -> Callable[..., Any]:
 def run_argument(func: Callable[..., Any]) -> Callable[..., Any]:
     """RUN: a run directory, a run name under the runs root, or the run's job file."""
     return click.argument("run", metavar="RUN")(func)
+
+
+def slurm_client() -> SlurmClient:
+    """The Slurm client of this command: injected through the click context object in tests, else a real one."""
+    obj = click.get_current_context().obj
+    injected = obj.get("slurm_client") if isinstance(obj, dict) else None
+    return injected if isinstance(injected, SlurmClient) else SlurmClient(retries=2, backoff_s=1.0)
