@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 
+from air_hpc.digits import ascii_int
 from air_hpc.errors import AirHpcError, UserError
 from air_hpc.rundir import RunDir
 from air_hpc.slurm.client import SlurmClient
@@ -64,13 +65,14 @@ def rank_processes(job_id: str) -> list[RankProcess]:
     for proc in psutil.process_iter(["pid", "create_time", "ppid"]):
         try:
             env = proc.environ()
-            if env.get("SLURM_JOB_ID") != job_id or not env.get("SLURM_STEP_ID", "").isdigit():
+            rank = ascii_int(env.get("SLURM_PROCID", ""))
+            if env.get("SLURM_JOB_ID") != job_id or ascii_int(env.get("SLURM_STEP_ID", "")) is None:
                 continue
-            if not env.get("SLURM_PROCID", "").isdigit() or psutil.Process(proc.info["ppid"]).name() != "slurmstepd":
+            if rank is None or psutil.Process(proc.info["ppid"]).name() != "slurmstepd":
                 continue
             found.append(
                 RankProcess(
-                    int(env["SLURM_PROCID"]),
+                    rank,
                     proc.info["pid"],
                     proc.info["create_time"],
                     env.get("SLURMD_NODENAME", "?"),

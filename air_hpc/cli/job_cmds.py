@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from air_hpc.cli.options import echo_json, job_argument, json_option, run_argument, set_option, slurm_client
+from air_hpc.digits import ascii_int
 from air_hpc.errors import UserError
 
 if TYPE_CHECKING:
@@ -203,7 +204,7 @@ def status(target: str | None, watch: bool, as_json: bool) -> None:
             for r in records:
                 click.echo(f"{r.job_id:>8}  {r.state!s:<11} {r.nodes:>3}  {r.nodelist or r.reason:<16} {r.name}")
         return
-    if target.isdigit() and not Path(target).exists() and not watch:
+    if ascii_int(target) is not None and not Path(target).exists() and not watch:
         job = client.job_status(target)
         if job is None:
             raise UserError(f"job {target}: neither squeue nor sacct knows it")

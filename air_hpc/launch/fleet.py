@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 
+from air_hpc.digits import ascii_int
 from air_hpc.errors import SlurmError
 from air_hpc.launch.runs import SubmissionRecord, find_runs, submissions
 from air_hpc.observe.prometheus import RunMetrics, run_metrics
@@ -35,7 +36,8 @@ class RunJob:
 
 
 def _local_state(submission: SubmissionRecord, records: RunRecords) -> JobState:
-    if submission.job_id.isdigit() and psutil.pid_exists(int(submission.job_id)):
+    pid = ascii_int(submission.job_id)
+    if pid is not None and psutil.pid_exists(pid):
         return JobState.RUNNING
     done = records.total_steps is not None and any(s.step >= records.total_steps for s in records.steps)
     return JobState.COMPLETED if done else JobState.UNKNOWN

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 
 import psutil
 
+from air_hpc.digits import ascii_int
 from air_hpc.errors import AirHpcError, UserError
 from air_hpc.rundir import RunDir
 
@@ -43,10 +44,11 @@ class Owner:
 
     def local_process_alive(self) -> bool:
         """The local controller still runs: its PID exists and started when it did (not a reused PID)."""
-        if self.pid_start_s is None or not self.job_id.isdigit():
+        pid = ascii_int(self.job_id)
+        if self.pid_start_s is None or pid is None:
             return False
         try:
-            proc = psutil.Process(int(self.job_id))
+            proc = psutil.Process(pid)
             return abs(proc.create_time() - self.pid_start_s) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
         except psutil.Error:
             return False
@@ -100,9 +102,10 @@ def claim(run_dir: RunDir, is_live: Callable[[Owner], bool]) -> Iterator[Callabl
 
         def record(job_id: str, executor: str) -> Owner:
             start = None
-            if executor == "local" and job_id.isdigit():
+            pid = ascii_int(job_id)
+            if executor == "local" and pid is not None:
                 with contextlib.suppress(psutil.Error):
-                    start = psutil.Process(int(job_id)).create_time()
+                    start = psutil.Process(pid).create_time()
             owner = Owner(job_id, executor, time.time(), start)
             tmp = run_dir.owner.with_name(f".{run_dir.owner.name}.tmp")
             with open(tmp, "w") as out:

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from air_hpc.digits import ascii_int
 from air_hpc.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -25,9 +26,10 @@ log = logging.getLogger(__name__)
 def signal_number(name: str) -> signal.Signals:
     """``"USR2"``, ``"SIGUSR2"`` or ``"12"`` -> ``signal.SIGUSR2``."""
     text = name.strip().upper()
-    if text.isdigit():
+    number = ascii_int(text)
+    if number is not None:
         try:
-            return signal.Signals(int(text))
+            return signal.Signals(number)
         except ValueError:
             pass
     else:

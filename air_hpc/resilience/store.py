@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from air_hpc.digits import DIGITS
 from air_hpc.errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,8 @@ LATEST = "latest"
 #: Hashes computed by the ranks that wrote the files (``.sha256-<writer>.json``), merged at commit.
 WRITER_HASHES_PREFIX = ".sha256-"
 MANIFEST_FORMAT = 1
-_STEP_RE = re.compile(r"^step_(\d+)$")
-_STAGING_RE = re.compile(r"^\.tmp-step_(\d+)$")
+_STEP_RE = re.compile(rf"^step_({DIGITS})$")
+_STAGING_RE = re.compile(rf"^\.tmp-step_({DIGITS})$")
 _TRASH_PREFIX = ".trash-"
 _CHUNK_BYTES = 8 << 20
 

@@ -15,6 +15,7 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
+from air_hpc.digits import ascii_int
 from air_hpc.errors import ConfigError, SlurmError, SlurmUnreachableError
 from air_hpc.slurm.controller import describe, refused_everywhere
 from air_hpc.slurm.jobs import (
@@ -25,7 +26,6 @@ from air_hpc.slurm.jobs import (
     JobRecord,
     JobStatus,
     TestOnlyResult,
-    ascii_int,
     merge_status,
     parse_sacct,
     parse_sbatch_parsable,

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from air_hpc.digits import DIGITS, ascii_int
 from air_hpc.errors import SlurmError
 from air_hpc.slurm.client import SlurmClient
-from air_hpc.slurm.jobs import ascii_int
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,8 @@ _UNSET = frozenset({"", "(null)", "n/a", "none", "(null type)"})
 _UNLIMITED = frozenset({"unlimited", "infinite"})
 _CONFIG_LINE = re.compile(r"^(\S+)\s*=\s?(.*)$")
 _CONTROLLER = re.compile(r"^Slurmctld\((\w+)\) at (\S+) is (\w+)")
-_GPU_GRES = re.compile(r"(?:^|,)gpu(?::([^:,()]+))?:(\d+)")
+_GPU_GRES = re.compile(rf"(?:^|,)gpu(?::([^:,()]+))?:({DIGITS})")
+_TIME_LIMIT = re.compile(rf"(?:({DIGITS})-)?({DIGITS})(?::({DIGITS}))?(?::({DIGITS}))?")
 
 
 def _unset(value: str | None) -> bool:
@@ -52,7 +53,7 @@ def parse_minutes(text: str) -> int | None:
     value = text.strip()
     if value.lower() in _UNLIMITED:
         return None
-    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", value)
+    match = _TIME_LIMIT.fullmatch(value)
     if not match:
         raise SlurmError(f"cannot read the time limit {text!r}; expected e.g. 30, 2:00:00 or 1-00:00:00")
     days, first, second, third = match.groups()

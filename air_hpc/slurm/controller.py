@@ -14,6 +14,8 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 
+from air_hpc.digits import ascii_int
+
 log = logging.getLogger(__name__)
 
 DEFAULT_CONF = Path("/etc/slurm/slurm.conf")
@@ -44,10 +46,9 @@ def controller_addresses(conf_text: str) -> list[tuple[str, int]]:
             hosts.append(value)
         elif key == "slurmctldport":
             first, _, last = value.partition("-")
-            if first.isascii() and first.isdigit() and (not last or (last.isascii() and last.isdigit())):
-                low, high = int(first), int(last or first)
-                if 0 < low <= high < 65536:
-                    ports = list(range(low, min(high, low + 15) + 1))
+            low, high = ascii_int(first), ascii_int(last or first)
+            if low is not None and high is not None and 0 < low <= high < 65536:
+                ports = list(range(low, min(high, low + 15) + 1))
     return [(host, port) for host in hosts if host for port in ports]
 
 

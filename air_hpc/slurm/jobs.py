@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
+from air_hpc.digits import ascii_int
 from air_hpc.errors import SlurmError
 
 
@@ -142,15 +143,6 @@ def _split(line: str, fields: int, where: str) -> list[str]:
     if len(parts) != fields:
         raise SlurmError(f"{where}: expected {fields} '|'-separated fields, got {line!r}")
     return parts
-
-
-_DIGITS = re.compile(r"[0-9]+")
-
-
-def ascii_int(text: str) -> int | None:
-    """``"12"`` -> 12; anything else (``"²"`` and ``"١"`` pass ``str.isdigit``) -> None."""
-    text = text.strip()
-    return int(text) if _DIGITS.fullmatch(text) else None
 
 
 def _int(text: str, default: int = 0) -> int:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import yaml
 
+from air_hpc.digits import ascii_int
 from air_hpc.errors import TopologyError
 from air_hpc.topology import hostlists
 from air_hpc.topology.fabric import Fabric, SwitchSpec, build_fabric
@@ -178,7 +179,7 @@ def _block(node: yaml.Node, source: str) -> BlockTopology:
     if "block_sizes" in body:
         size_nodes = _sequence(body["block_sizes"], source, "block_sizes")
         values = [str(n.value) if isinstance(n, yaml.ScalarNode) else "" for n in size_nodes]
-        if not all(v.isascii() and v.isdigit() and len(v) < 10 for v in values):
+        if not all(ascii_int(v) is not None and len(v) < 10 for v in values):
             raise TopologyError(f"{_at(source, body['block_sizes'])}: block_sizes must be a list of node counts")
         sizes = tuple(int(v) for v in values)
         sizes_line = body["block_sizes"].start_mark.line + 1

@@ -22,7 +22,7 @@ def test_signal_names(name: str, expected: int) -> None:
     assert signal_number(name) == expected
 
 
-@pytest.mark.parametrize("name", ["USR3", "", "999", "SIGNOPE"])
+@pytest.mark.parametrize("name", ["USR3", "", "999", "SIGNOPE", "١٢"])  # Arabic-Indic 12: int() reads it
 def test_bad_signal_names(name: str) -> None:
     with pytest.raises(ConfigError, match=r"resilience\.signal"):
         signal_number(name)

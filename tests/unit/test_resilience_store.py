@@ -54,6 +54,15 @@ def test_first_start_finds_nothing(store: CheckpointStore) -> None:
     assert store.list() == []
 
 
+def test_step_names_take_ascii_digits_only(store: CheckpointStore) -> None:
+    save(store, 10)
+    (store.root / "step_١٢").mkdir()  # r"\d" matches Arabic-Indic digits and int() reads them as 12
+    store.latest_file.write_text("step_١٢\n")
+    assert store.latest_pointer() is None
+    assert [i.step for i in store.list()] == [10]
+    assert store.latest_complete() == 10
+
+
 def test_partial_save_is_ignored_reported_and_cleaned(store: CheckpointStore, caplog: pytest.LogCaptureFixture) -> None:
     save(store, 10)
     store.begin(20)
