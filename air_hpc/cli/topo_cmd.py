@@ -62,13 +62,14 @@ def import_(
 ) -> None:
     """Turn an ibnetdiscover capture and/or NVLink domains into a topology file Slurm accepts; skips on stderr."""
     from air_hpc.errors import InputError
-    from air_hpc.topology import hostlists, topoyaml, treeconf
+    from air_hpc.slurm import hostlist
+    from air_hpc.topology import topoyaml, treeconf
     from air_hpc.topology.ibnetdiscover import import_ibnetdiscover
 
     if capture is None and nvlink_csv is None:
         raise InputError("topo import: give --ibnetdiscover FILE, --nvlink-csv FILE (block or yaml), or both")
     sizes = _block_sizes(block_sizes) if block_sizes is not None else None
-    wanted = hostlists.expand(nodes, "--nodes") if nodes is not None else None
+    wanted = hostlist.expand(nodes, "--nodes") if nodes is not None else None
     fabric = None
     if capture is not None:
         result = import_ibnetdiscover(_read(capture, "--ibnetdiscover"), capture, wanted, node_pattern)
@@ -122,7 +123,8 @@ def _block_sizes(text: str) -> tuple[int, ...]:
 
 def _blocks(fabric: Any, nvlink_csv: str | None, wanted: list[str] | None, sizes: tuple[int, ...] | None) -> Any:
     """Blocks from NVLink domains (ordered by the fabric when there is one), else from IB leaves with a warning."""
-    from air_hpc.topology import block_build, hostlists
+    from air_hpc.slurm import hostlist
+    from air_hpc.topology import block_build
 
     if nvlink_csv is None:
         click.echo(
@@ -136,26 +138,26 @@ def _blocks(fabric: Any, nvlink_csv: str | None, wanted: list[str] | None, sizes
     outside = sorted(set(domains) - keep)
     if outside:
         what = "not compute nodes" if fabric is not None else "not in --nodes"
-        click.echo(f"skipped: {hostlists.compress(outside)}: in {nvlink_csv} but {what}", err=True)
+        click.echo(f"skipped: {hostlist.compress(outside)}: in {nvlink_csv} but {what}", err=True)
     no_domain = sorted(keep - set(domains))
     if no_domain:
-        click.echo(f"skipped: {hostlists.compress(no_domain)}: in no NVLink domain", err=True)
+        click.echo(f"skipped: {hostlist.compress(no_domain)}: in no NVLink domain", err=True)
     if fabric is None:
         click.echo("note: no --ibnetdiscover: blocks ordered by hostname, not by IB leaf", err=True)
     return block_build.blocks_from_domains({n: d for n, d in domains.items() if n in keep}, nvlink_csv, sizes, fabric)
 
 
 def _unavailable(unavailable: str | None, unavailable_file: str | None) -> set[str]:
-    from air_hpc.topology import hostlists
+    from air_hpc.slurm import hostlist
 
     names: set[str] = set()
     if unavailable:
-        names.update(hostlists.expand(unavailable, "--unavailable"))
+        names.update(hostlist.expand(unavailable, "--unavailable"))
     if unavailable_file:
         for number, line in enumerate(_read(unavailable_file, "--unavailable-file").splitlines(), start=1):
             expr = line.split("#", 1)[0].strip()
             if expr:
-                names.update(hostlists.expand(expr, f"{unavailable_file}:{number}"))
+                names.update(hostlist.expand(expr, f"{unavailable_file}:{number}"))
     return names
 
 
@@ -194,7 +196,8 @@ def show(topology_file: str, unavailable: str | None, unavailable_file: str | No
     from rich.console import Console
     from rich.tree import Tree
 
-    from air_hpc.topology import files, hostlists
+    from air_hpc.slurm import hostlist
+    from air_hpc.topology import files
 
     fabric = files.read_any(_read(topology_file, "topology"), topology_file)
     free = _available(fabric.nodes, _unavailable(unavailable, unavailable_file), from_slurm)
@@ -206,9 +209,9 @@ def show(topology_file: str, unavailable: str | None, unavailable_file: str | No
         text = f"[bold]{name}[/] (level {switch.level})  free {n_free}/{len(members)}  used {len(members) - n_free}"
         if switch.is_leaf:
             used = [n for n in members if n not in free]
-            text += f"  [green]{hostlists.compress(n for n in members if n in free) or '-'}[/]"
+            text += f"  [green]{hostlist.compress(n for n in members if n in free) or '-'}[/]"
             if used:
-                text += f"  used: [red]{hostlists.compress(used)}[/]"
+                text += f"  used: [red]{hostlist.compress(used)}[/]"
         return text
 
     console = Console(highlight=False)
@@ -303,7 +306,7 @@ def _select_tree(fabric: Any, available: set[str], count: int) -> dict[str, Any]
 
 
 def _select_block(model: Any, available: set[str], count: int, segment: int | None) -> dict[str, Any]:
-    from air_hpc.topology import hostlists
+    from air_hpc.slurm import hostlist
     from air_hpc.topology.block_select import select_blocks
 
     sel = select_blocks(model, available, count, segment)
@@ -313,7 +316,7 @@ def _select_block(model: Any, available: set[str], count: int, segment: int | No
         "nodes": list(sel.nodes),
         "blocks": list(sel.blocks),
         "segment": sel.segment,
-        "segments": [hostlists.compress(s) for s in sel.segments],
+        "segments": [hostlist.compress(s) for s in sel.segments],
         "aggregate": list(sel.aggregate),
         "aggregate_nodes": sel.aggregate_nodes,
         "whole_blocks_broken": sel.whole_blocks_broken,

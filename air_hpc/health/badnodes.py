@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from air_hpc.topology.hostlists import compress, natural_sorted
+from air_hpc.slurm.hostlist import compress, natural_sorted
 
 
 def read_bad_nodes(path: Path) -> tuple[str, ...]:

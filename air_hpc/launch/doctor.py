@@ -13,8 +13,9 @@ from typing import Literal
 from air_hpc.config.models import JobConfig
 from air_hpc.errors import InputError, TopologyError
 from air_hpc.exitcodes import REQUEUE_WORTHY
+from air_hpc.slurm import hostlist
 from air_hpc.slurm.cluster import ClusterFacts, Partition
-from air_hpc.topology import files, hostlists
+from air_hpc.topology import files
 
 Severity = Literal["error", "warning"]
 
@@ -254,7 +255,7 @@ def _topology_fit(job: JobConfig, part: Partition | None) -> list[Finding]:
     if part is None or not part.nodes or part.nodes.strip().lower() in ("(null)", "none"):
         return []
     try:
-        in_partition = set(hostlists.expand(part.nodes, f"partition {part.name} Nodes"))
+        in_partition = set(hostlist.expand(part.nodes, f"partition {part.name} Nodes"))
     except InputError:
         return []
     outside = sorted(set(fabric.nodes) - in_partition)
@@ -273,7 +274,7 @@ def _topology_fit(job: JobConfig, part: Partition | None) -> list[Finding]:
             Finding(
                 "warning",
                 key,
-                f"{len(outside)} of its nodes are not in partition {part.name} ({hostlists.compress(outside)}): "
+                f"{len(outside)} of its nodes are not in partition {part.name} ({hostlist.compress(outside)}): "
                 "a selection that picks them is refused by Slurm",
             )
         ]

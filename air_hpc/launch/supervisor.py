@@ -56,8 +56,8 @@ from air_hpc.render.spec import HOSTFILE_NAME, hang_backstop_s
 from air_hpc.resilience.events import EventLog
 from air_hpc.rundir import ARMED_FILE_PREFIX, STOP_REQUESTED_FILE, RunDir
 from air_hpc.slurm.client import SlurmClient
+from air_hpc.slurm.hostlist import compress
 from air_hpc.topology.fabric import Fabric
-from air_hpc.topology.hostlists import compress
 from air_hpc.topology.select import pick_spare
 
 log = logging.getLogger(__name__)

@@ -10,14 +10,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import hostlist
-
 from air_hpc.config.models import JobConfig, SignalName
 from air_hpc.errors import ConfigError
 from air_hpc.exitcodes import REQUEUE_WORTHY, ExitCode
 from air_hpc.health.heartbeat import EXIT_CODE_FILE
 from air_hpc.render.quoting import check_env_name, check_one_line, slurm_filename
 from air_hpc.rundir import ARMED_FILE_PREFIX, STOP_REQUESTED_FILE, RunDir
+from air_hpc.slurm import hostlist
 from air_hpc.topology.request import NodeRequest
 
 #: Batch script output names under the run's logs/ (``%j``: the job id, stable across requeues).
@@ -273,13 +272,13 @@ def _check_request(job: JobConfig, request: NodeRequest) -> None:
             )
         if not request.nodelist:
             raise ConfigError("placement: a rank order needs pinned nodes (placement.pin_nodes: true)")
-        pinned = set(hostlist.expand_hostlist(request.nodelist)) - set(request.spares)
+        pinned = set(hostlist.expand(request.nodelist, "placement nodelist")) - set(request.spares)
         if set(per_host) != pinned:
             raise ConfigError(
                 f"placement: rank order hosts {sorted(per_host)} differ from the pinned nodes {request.nodelist}"
             )
     wanted = res.nodes + res.spare_nodes
-    if request.nodelist and len(hostlist.expand_hostlist(request.nodelist)) != wanted:
+    if request.nodelist and len(hostlist.expand(request.nodelist, "placement nodelist")) != wanted:
         spares = f" + spare_nodes = {res.spare_nodes}" if res.spare_nodes else ""
         raise ConfigError(
             f"placement: nodelist {request.nodelist} does not have resources.nodes = {res.nodes}{spares} nodes"

@@ -1,5 +1,7 @@
-"""Everything that talks to Slurm goes through :class:`SlurmClient`."""
+"""Everything air-hpc knows about Slurm.
 
-from air_hpc.slurm.client import SlurmClient
-
-__all__ = ["SlurmClient"]
+``client`` is the only place that runs Slurm's commands (:class:`~air_hpc.slurm.client.SlurmClient`;
+``fake`` stands in for it in unit tests); ``jobs``, ``nodes`` and ``cluster`` parse what they print;
+``hostlist`` is the hostlist syntax; ``controller`` probes
+the controller's port. Importing this package imports none of them, so the pure parts stay light.
+"""

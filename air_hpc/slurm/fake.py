@@ -14,8 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from air_hpc.slurm import hostlist
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.jobs import JobState
+from air_hpc.slurm.nodes import scontrol_state_available
 
 UNREACHABLE = "{cmd}: error: Unable to contact slurm controller (connect failure)"
 INVALID_JOB = "slurm_load_jobs error: Invalid job id specified"
@@ -174,12 +176,8 @@ class FakeSlurm(SlurmClient):
         """Like slurmctld's test-only: every pinned node, and enough nodes, available now (no nodes known: yes)."""
         if not self.nodes:
             return True
-        import hostlist
-
-        from air_hpc.slurm.nodes import scontrol_state_available
-
         available = {name for name, state in self.nodes.items() if scontrol_state_available(state)}
-        pinned = set(hostlist.expand_hostlist(nodelist)) if nodelist else set()
+        pinned = set(hostlist.expand(nodelist, "sbatch --nodelist")) if nodelist else set()
         return pinned <= available and nodes <= len(available)
 
     def _squeue(self, args: list[str]) -> subprocess.CompletedProcess[str]:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from air_hpc.errors import InputError
-from air_hpc.topology import hostlists
+from air_hpc.slurm import hostlist
 from air_hpc.topology.fabric import Fabric
 from air_hpc.topology.treeconf import Block, BlockTopology, check_block_sizes
 
@@ -63,7 +63,7 @@ def read_nvlink_csv(text: str, source_name: str) -> dict[str, tuple[str, str]]:
         node, uuid, clique = cells
         if uuid.lower() in _NO_DOMAIN or clique.lower() in _NO_DOMAIN:
             continue
-        hostlists.expand(node, where)  # a node name Slurm can read back, nothing else
+        hostlist.expand(node, where)  # a node name Slurm can read back, nothing else
         domain = (uuid.lower(), clique)
         if node in domains and domains[node] != domain:
             raise InputError(
@@ -85,7 +85,7 @@ def blocks_from_domains(
 ) -> BuiltBlocks:
     """One block per NVLink domain, in IB order (``fabric``) or hostname order; BlockSizes from the nominal size."""
     members: dict[tuple[str, str], list[str]] = {}
-    for node in hostlists.natural_sorted(domain_of):
+    for node in hostlist.natural_sorted(domain_of):
         members.setdefault(domain_of[node], []).append(node)
     if not members:
         raise InputError(f"{source or 'NVLink map'}: no node is in an NVLink domain; nothing to write")
@@ -121,7 +121,7 @@ def _build(
         base = min(len(g) for g in groups)
     kept = [g for g in groups if len(g) >= base]
     skipped = tuple(
-        f"{hostlists.compress(g)}: {comments[g]} has {len(g)} node(s), fewer than the base block size {base}; "
+        f"{hostlist.compress(g)}: {comments[g]} has {len(g)} node(s), fewer than the base block size {base}; "
         "left out (Slurm cannot use a block smaller than the first BlockSizes value)"
         for g in groups
         if len(g) < base
@@ -137,7 +137,7 @@ def _build(
 def _ib_order(fabric: Fabric | None, nodes: Sequence[str]) -> Callable[[tuple[str, ...]], int]:
     """Sort key: a block's first position in the fabric's switch order (nodes under one leaf are adjacent there)."""
     position = dict(fabric.node_index) if fabric is not None else {}
-    by_name = {n: i for i, n in enumerate(hostlists.natural_sorted(nodes))}
+    by_name = {n: i for i, n in enumerate(hostlist.natural_sorted(nodes))}
     offset = len(position)
 
     def key(group: tuple[str, ...]) -> int:

@@ -31,7 +31,7 @@ from collections.abc import Sequence, Set
 from dataclasses import dataclass
 
 from air_hpc.errors import TopologyError
-from air_hpc.topology import hostlists
+from air_hpc.slurm import hostlist
 from air_hpc.topology.blocks import BlockModel, aggregate_level, violation
 
 log = logging.getLogger(__name__)
@@ -195,7 +195,7 @@ def _selection(
     names = model.names
     selection = BlockSelection(
         nodes=nodes,
-        nodelist=hostlists.compress(nodes),
+        nodelist=hostlist.compress(nodes),
         blocks=tuple(names[i] for i in order),
         segments=segments,
         segment=seg,

@@ -18,8 +18,8 @@ from pathlib import Path
 from types import TracebackType
 
 from air_hpc.errors import SlurmError, TestbedError
+from air_hpc.slurm import hostlist
 from air_hpc.slurm.client import SlurmClient
-from air_hpc.topology import hostlists
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def slurm_conf(
             "JobCompType=jobcomp/none",
             "AccountingStorageType=accounting_storage/none",
             "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny",
-            f"NodeName={hostlists.compress(nodes)} CPUs=1 State=CLOUD",
+            f"NodeName={hostlist.compress(nodes)} CPUs=1 State=CLOUD",
             "PartitionName=all Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
             *extra,
             "",
@@ -165,7 +165,7 @@ class CloudController:
         self._drained = wanted
 
     def _update(self, nodes: Collection[str], *settings: str) -> None:
-        self.client.run(["scontrol", "update", f"NodeName={hostlists.compress(nodes)}", *settings])
+        self.client.run(["scontrol", "update", f"NodeName={hostlist.compress(nodes)}", *settings])
 
     def placement(self, count: int) -> tuple[str, ...] | None:
         """Nodes ``sbatch --test-only -N count --exclusive`` would start on; None if Slurm cannot place it."""
@@ -174,7 +174,7 @@ class CloudController:
         )
         match = _PLACED.search(result.stderr + result.stdout)
         if match:
-            return tuple(hostlists.expand(match.group(1), "sbatch --test-only"))
+            return tuple(hostlist.expand(match.group(1), "sbatch --test-only"))
         if result.returncode != 0 and "Requested node configuration is not available" in result.stderr:
             return None
         if result.returncode != 0:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from air_hpc.errors import TopologyError
-from air_hpc.topology import hostlists
+from air_hpc.slurm import hostlist as hostlists
 from air_hpc.topology.fabric import Fabric, SwitchSpec, build_fabric
 
 log = logging.getLogger(__name__)

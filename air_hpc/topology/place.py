@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from air_hpc.config.layout import ParallelLayout
 from air_hpc.errors import ConfigError, TopologyError
-from air_hpc.topology import hostlists
+from air_hpc.slurm import hostlist
 from air_hpc.topology.cost import Traffic, score
 from air_hpc.topology.fabric import Fabric
 from air_hpc.topology.select import NodeSelection
@@ -83,7 +83,7 @@ def place_selection(
 
 def slurm_default(nodes: Sequence[str], tasks_per_node: int) -> Placement:
     """What Slurm does without a hostfile: nodes sorted by name, ranks in blocks per node."""
-    return _placement(hostlists.natural_sorted(nodes), tasks_per_node, "", "sorted-hostnames")
+    return _placement(hostlist.natural_sorted(nodes), tasks_per_node, "", "sorted-hostnames")
 
 
 def place(

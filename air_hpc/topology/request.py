@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from air_hpc.config.models import JobConfig
 from air_hpc.errors import ConfigError, TopologyError
-from air_hpc.topology import hostlists
+from air_hpc.slurm import hostlist as hostlists
 from air_hpc.topology.block_select import select_blocks
 from air_hpc.topology.blocks import BlockModel
 from air_hpc.topology.fabric import Fabric

@@ -31,7 +31,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from air_hpc.errors import TopologyError
-from air_hpc.topology import hostlists
+from air_hpc.slurm import hostlist
 from air_hpc.topology.fabric import Fabric
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ def select_nodes(fabric: Fabric, available: Set[str], count: int) -> NodeSelecti
     log.debug("selected %d nodes on %d leaves under %s", count, len(leaves), top)
     return NodeSelection(
         nodes=tuple(nodes),
-        nodelist=hostlists.compress(nodes),
+        nodelist=hostlist.compress(nodes),
         leaves=tuple(leaves),
         switches_by_level=tuple(len(level) for level in used),
         lower_bound_leaves=lower_bound,

@@ -14,7 +14,7 @@ import yaml
 
 from air_hpc.digits import ascii_int
 from air_hpc.errors import TopologyError
-from air_hpc.topology import hostlists
+from air_hpc.slurm import hostlist
 from air_hpc.topology.fabric import Fabric, SwitchSpec, build_fabric
 from air_hpc.topology.treeconf import Block, BlockTopology, block_topology, check_block_sizes
 
@@ -86,7 +86,7 @@ def render(tree: Fabric | None, block: BlockTopology | None) -> str:
         body: dict[str, object] = {}
         if block.block_sizes:
             body["block_sizes"] = list(block.block_sizes)
-        body["blocks"] = [{"block": b.name, "nodes": hostlists.compress(b.nodes)} for b in block.blocks]
+        body["blocks"] = [{"block": b.name, "nodes": hostlist.compress(b.nodes)} for b in block.blocks]
         items.append({"topology": "block", "cluster_default": True, "block": body})
     if tree is not None:
         by_level = sorted(tree.switch_order, key=lambda name: tree.switches[name].level)
@@ -94,9 +94,9 @@ def render(tree: Fabric | None, block: BlockTopology | None) -> str:
         for name in by_level:
             switch = tree.switches[name]
             if switch.is_leaf:
-                switches.append({"switch": name, "nodes": hostlists.compress(switch.nodes)})
+                switches.append({"switch": name, "nodes": hostlist.compress(switch.nodes)})
             else:
-                switches.append({"switch": name, "children": hostlists.compress(switch.children)})
+                switches.append({"switch": name, "children": hostlist.compress(switch.children)})
         items.append({"topology": "tree", "cluster_default": block is None, "tree": {"switches": switches}})
     if not items:
         raise TopologyError("topology.yaml: nothing to write (neither a tree nor blocks)")
@@ -158,12 +158,10 @@ def _tree(node: yaml.Node, source: str) -> Fabric:
         specs.append(
             SwitchSpec(
                 name=name,
-                children=tuple(hostlists.expand(_scalar(children, source, item, "children"), where))
+                children=tuple(hostlist.expand(_scalar(children, source, item, "children"), where))
                 if children is not None
                 else (),
-                nodes=tuple(hostlists.expand(_scalar(nodes, source, item, "nodes"), where))
-                if nodes is not None
-                else (),
+                nodes=tuple(hostlist.expand(_scalar(nodes, source, item, "nodes"), where)) if nodes is not None else (),
                 line=item.start_mark.line + 1,
             )
         )
@@ -188,6 +186,6 @@ def _block(node: yaml.Node, source: str) -> BlockTopology:
     for item in _sequence(body["blocks"], source, "blocks"):
         entry = _mapping(item, source, {"block", "nodes"})
         name = _scalar(entry.get("block"), source, item, "block")
-        nodes = hostlists.expand(_scalar(entry.get("nodes"), source, item, "nodes"), _at(source, item))
+        nodes = hostlist.expand(_scalar(entry.get("nodes"), source, item, "nodes"), _at(source, item))
         blocks.append(Block(name=name, nodes=tuple(nodes), line=item.start_mark.line + 1))
     return block_topology(blocks, sizes, source, sizes_line)

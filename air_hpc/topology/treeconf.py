@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from air_hpc.errors import TopologyError
-from air_hpc.topology import hostlists
+from air_hpc.slurm import hostlist
 from air_hpc.topology.fabric import Fabric, SwitchSpec, build_fabric
 
 _TREE_KEYS = {"switchname", "switches", "nodes", "linkspeed"}
@@ -68,8 +68,8 @@ def parse(text: str, source_name: str) -> Fabric:
             raise TopologyError(f"{where}: block topology line in a tree topology.conf; read it as a block file")
         if "switchname" not in pairs:
             raise TopologyError(f"{where}: no SwitchName=; expected 'SwitchName=NAME Nodes=...' or '... Switches=...'")
-        nodes = tuple(hostlists.expand(pairs["nodes"], where)) if "nodes" in pairs else ()
-        children = tuple(hostlists.expand(pairs["switches"], where)) if "switches" in pairs else ()
+        nodes = tuple(hostlist.expand(pairs["nodes"], where)) if "nodes" in pairs else ()
+        children = tuple(hostlist.expand(pairs["switches"], where)) if "switches" in pairs else ()
         specs.append(
             SwitchSpec(
                 name=pairs["switchname"],
@@ -98,9 +98,9 @@ def render(fabric: Fabric, header: str = "") -> str:
         switch = fabric.switches[name]
         lines.extend(f"# {c}" for c in switch.comment.splitlines())
         if switch.is_leaf:
-            lines.append(f"SwitchName={name} Nodes={hostlists.compress(switch.nodes)}")
+            lines.append(f"SwitchName={name} Nodes={hostlist.compress(switch.nodes)}")
         else:
-            lines.append(f"SwitchName={name} Switches={hostlists.compress(switch.children)}")
+            lines.append(f"SwitchName={name} Switches={hostlist.compress(switch.children)}")
     return "\n".join(lines) + "\n"
 
 
@@ -152,7 +152,7 @@ def parse_block(text: str, source_name: str) -> BlockTopology:
             continue
         if "blockname" not in pairs or "nodes" not in pairs:
             raise TopologyError(f"{where}: expected 'BlockName=NAME Nodes=HOSTLIST'")
-        nodes = tuple(hostlists.expand(pairs["nodes"], where))
+        nodes = tuple(hostlist.expand(pairs["nodes"], where))
         blocks.append(Block(name=pairs["blockname"], nodes=nodes, comment=comment, line=line))
     return block_topology(blocks, sizes, source_name, sizes_line)
 
@@ -228,7 +228,7 @@ def render_block(topology: BlockTopology) -> str:
     lines: list[str] = []
     for block in topology.blocks:
         lines.extend(f"# {c}" for c in block.comment.splitlines())
-        lines.append(f"BlockName={block.name} Nodes={hostlists.compress(block.nodes)}")
+        lines.append(f"BlockName={block.name} Nodes={hostlist.compress(block.nodes)}")
     if topology.block_sizes:
         lines.append("BlockSizes=" + ",".join(str(s) for s in topology.block_sizes))
     return "\n".join(lines) + "\n"

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from air_hpc.cli.main import main
+from air_hpc.slurm import hostlist
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.nodes import SINFO_ARGS, fetch_node_states, parse_sinfo
-from air_hpc.topology import hostlists, treeconf
+from air_hpc.topology import treeconf
 from air_hpc.topology.cloudctl import CloudController
 from air_hpc.topology.fabric import Fabric
 from air_hpc.topology.ibnetdiscover import import_ibnetdiscover
@@ -62,16 +63,16 @@ def test_hostlists_match_scontrol(tmp_path: Path) -> None:
     exact = 0
     cases = list(expressions(random.Random(7), 150))
     for expr in cases:
-        ours = hostlists.expand(expr, "generated")
+        ours = hostlist.expand(expr, "generated")
         assert ours == scontrol("hostnames", expr).splitlines(), expr
-        compressed = hostlists.compress(ours)
+        compressed = hostlist.compress(ours)
         # Slurm reads our compression back to the same hosts (what matters for topology.conf)
         assert sorted(scontrol("hostnames", compressed).splitlines()) == sorted(ours), (expr, compressed)
         # and we read Slurm's compressions, sorted and unsorted, back to the same hosts
         theirs_sorted = scontrol("hostlistsorted", ",".join(ours))
-        assert sorted(hostlists.expand(theirs_sorted, "scontrol")) == sorted(ours), (expr, theirs_sorted)
+        assert sorted(hostlist.expand(theirs_sorted, "scontrol")) == sorted(ours), (expr, theirs_sorted)
         theirs = scontrol("hostlist", ",".join(ours))
-        assert hostlists.expand(theirs, "scontrol") == ours, (expr, theirs)
+        assert hostlist.expand(theirs, "scontrol") == ours, (expr, theirs)
         exact += compressed == theirs_sorted
     # the strings differ only where Slurm orders mixed zero-padding differently (n[5,01-02] vs n[01-02,5])
     assert exact >= len(cases) // 2
@@ -88,7 +89,7 @@ def test_slurm_reads_our_compression_of_names_with_suffixes(tmp_path: Path) -> N
             f"{rng.choice(['', '-IBSPINE', '-ib', 'x'])}"
             for _ in range(rng.randint(1, 12))
         }
-        expr = hostlists.compress(names)
+        expr = hostlist.compress(names)
         out = client.run(["scontrol", "show", "hostnames", expr]).stdout.split()
         assert sorted(out) == sorted(names), expr
 
@@ -103,7 +104,7 @@ def test_bad_range_is_rejected_by_both(tmp_path: Path) -> None:
     from air_hpc.errors import InputError
 
     with pytest.raises(InputError, match="bad hostlist 'n\\[5-1\\]'"):
-        hostlists.expand("n[5-1]", "--nodes")
+        hostlist.expand("n[5-1]", "--nodes")
 
 
 # ------------------------------------------------------------------ importer output in a real slurmctld
@@ -127,7 +128,7 @@ def check_loaded(fabric: Fabric, conf_text: str, tmp_path: Path) -> CloudControl
         for name, pairs in shown.items():
             assert int(pairs["Level"]) == fabric.switches[name].level
             if pairs["Level"] == "0":
-                leaf_nodes.extend(hostlists.expand(pairs["Nodes"], "scontrol show topology"))
+                leaf_nodes.extend(hostlist.expand(pairs["Nodes"], "scontrol show topology"))
         assert sorted(leaf_nodes) == sorted(fabric.nodes)
         assert len(leaf_nodes) == len(set(leaf_nodes))
     except BaseException:
@@ -138,7 +139,7 @@ def check_loaded(fabric: Fabric, conf_text: str, tmp_path: Path) -> CloudControl
 
 @pytest.fixture(scope="module")
 def superpod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Fabric, CloudController]]:
-    compute = hostlists.expand("dgx-a09-[01-04],dgx-a10-[01-04]", "test")
+    compute = hostlist.expand("dgx-a09-[01-04],dgx-a10-[01-04]", "test")
     result = import_ibnetdiscover((DATA / "dgx-superpod.ibnetdiscover").read_text(), "superpod", compute)
     text = treeconf.render(result.fabric, header="imported by the integration test")
     ctl = check_loaded(result.fabric, text, tmp_path_factory.mktemp("superpod-ctld"))

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from air_hpc.errors import UserError
-from air_hpc.topology import block_build, files, hostlists, topoyaml, treeconf
+from air_hpc.slurm import hostlist
+from air_hpc.topology import block_build, files, topoyaml, treeconf
 from air_hpc.topology.ibnetdiscover import import_ibnetdiscover
 
 DATA = Path(__file__).parent.parent / "data" / "topology"
@@ -28,14 +29,14 @@ texts = st.text(alphabet=_SYNTAX, max_size=40) | st.text(max_size=40)
 @pytest.mark.parametrize("expr", ["[]1-1[\n]", "a\n", "n[1-3] ", "n[1-99999999999]", "n[٣-٤]", "[" * 2000 + "]" * 2000])
 def test_known_bad_hostlists_are_input_errors(expr: str) -> None:
     with pytest.raises(UserError, match="where: "):
-        hostlists.expand(expr, "where")
+        hostlist.expand(expr, "where")
 
 
 @MANY
 @given(texts)
 def test_hostlist_expand(expr: str) -> None:
     try:
-        names = hostlists.expand(expr, "where")
+        names = hostlist.expand(expr, "where")
     except UserError as exc:
         assert str(exc).startswith("where: ")
     else:

@@ -7,13 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from air_hpc.errors import TopologyError
-from air_hpc.topology import hostlists, treeconf
+from air_hpc.slurm import hostlist
+from air_hpc.topology import treeconf
 from air_hpc.topology.ibnetdiscover import host_name, import_ibnetdiscover, switch_name
 
 DATA = Path(__file__).parent.parent / "data" / "topology"
 SUPERPOD = (DATA / "dgx-superpod.ibnetdiscover").read_text()
 THREE_LEVEL = (DATA / "hpc-3level.ibnetdiscover").read_text()
-COMPUTE = hostlists.expand("dgx-a09-[01-04],dgx-a10-[01-04]", "test")
+COMPUTE = hostlist.expand("dgx-a09-[01-04],dgx-a10-[01-04]", "test")
 
 
 def test_switch_and_host_names() -> None:

@@ -15,9 +15,9 @@ TESTBED = fat_tree([2, 4, 2])
 
 
 def nodes(expr: str) -> set[str]:
-    from air_hpc.topology import hostlists
+    from air_hpc.slurm import hostlist
 
-    return set(hostlists.expand(expr, "test"))
+    return set(hostlist.expand(expr, "test"))
 
 
 def test_fits_one_leaf_picks_the_tightest() -> None:

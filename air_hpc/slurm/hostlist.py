@@ -1,9 +1,10 @@
-"""Hostlist expressions: expansion through python-hostlist, compression that Slurm can read back.
+"""Slurm's hostlist syntax (``n[1-3,7],gpu01``): the one place in air-hpc that uses python-hostlist.
 
-python-hostlist compresses on any numeric field (``R01-IBSPINE,R02-IBSPINE`` ->
-``R[01-02]-IBSPINE``), but Slurm rejects a range followed by a suffix
-(``Invalid hostlist``), so compression here only ranges the trailing number of a
-name, as ``scontrol show hostlistsorted`` does.
+Expansion goes through python-hostlist after checking what Slurm would refuse. Compression is our
+own: python-hostlist compresses on any numeric field (``R01-IBSPINE,R02-IBSPINE`` ->
+``R[01-02]-IBSPINE``), but Slurm rejects a range followed by a suffix (``Invalid hostlist``), so
+compression here only ranges the trailing number of a name, as ``scontrol show hostlistsorted`` does.
+Pure: no Slurm daemon or command is involved.
 """
 
 import re
