@@ -16,11 +16,11 @@ from pathlib import Path
 
 import psutil
 
-from air_hpc.digits import ascii_int
 from air_hpc.errors import AirHpcError, UserError
 from air_hpc.rundir import RunDir
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.cluster import SINFO_ARGS, parse_sinfo_groups
+from air_hpc.slurm.env import SlurmEnv
 from air_hpc.testbed.conf import URGENT_PARTITION
 
 log = logging.getLogger(__name__)
@@ -64,21 +64,20 @@ def rank_processes(job_id: str) -> list[RankProcess]:
     found = []
     for proc in psutil.process_iter(["pid", "create_time", "ppid"]):
         try:
-            env = proc.environ()
-            rank = ascii_int(env.get("SLURM_PROCID", ""))
-            if env.get("SLURM_JOB_ID") != job_id or ascii_int(env.get("SLURM_STEP_ID", "")) is None:
+            slurm = SlurmEnv.from_environ(proc.environ())
+            if slurm.job_id != job_id or slurm.step_id is None or slurm.procid is None:
                 continue
-            if rank is None or psutil.Process(proc.info["ppid"]).name() != "slurmstepd":
+            if psutil.Process(proc.info["ppid"]).name() != "slurmstepd":
                 continue
             found.append(
                 RankProcess(
-                    rank,
+                    slurm.procid,
                     proc.info["pid"],
                     proc.info["create_time"],
-                    env.get("SLURMD_NODENAME", "?"),
+                    slurm.nodename or "?",
                 )
             )
-        except (psutil.Error, OSError):
+        except (psutil.Error, OSError, AirHpcError):  # gone, not ours, or not a task's environment
             continue
     return sorted(found, key=lambda r: r.rank)
 

@@ -26,6 +26,7 @@ from typing import Literal, cast, get_args
 
 from air_hpc.exitcodes import ExitCode
 from air_hpc.rundir import RunDir
+from air_hpc.slurm.env import SlurmEnv
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,9 @@ def generation(environ: Mapping[str, str]) -> str:
     Under the in-job supervisor each step start adds ``.<attempt>``, so a restart's
     heartbeats and verdict never mix with those of the step before it.
     """
-    job_id = environ.get("SLURM_JOB_ID") or environ.get("SUBMITIT_LOCAL_JOB_ID") or "local"
-    name = f"{job_id}-{environ.get('SLURM_RESTART_COUNT') or 0}"
+    slurm = SlurmEnv.from_environ(environ)
+    job_id = slurm.job_id or environ.get("SUBMITIT_LOCAL_JOB_ID") or "local"
+    name = f"{job_id}-{slurm.restart_count}"
     attempt = environ.get(STEP_ATTEMPT_ENV)
     return f"{name}.{attempt}" if attempt else name
 

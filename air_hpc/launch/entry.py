@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import hostlist
 import submitit
 
+from air_hpc.digits import ascii_int
 from air_hpc.errors import AirHpcError, ConfigError
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.guard import rank_guard, record_verdict
@@ -24,53 +24,58 @@ from air_hpc.health.heartbeat import generation, generation_dir
 from air_hpc.launch.owner import fence
 from air_hpc.render.spec import master_port
 from air_hpc.rundir import RunDir
+from air_hpc.slurm import env as slurm_env
+from air_hpc.slurm.env import SlurmEnv
 from air_hpc.train.parallel import DistEnv, apply_rank_order
 
 log = logging.getLogger(__name__)
-
-#: Optional file listing one host per rank, in the placement's order (a Slurm hostfile).
-RANK_ORDER_ENV = "SLURM_HOSTFILE"
 
 
 def dist_env_from_slurm(environ: Mapping[str, str]) -> DistEnv:
     """Rank, world and rendezvous of an ``srun`` task, from its ``SLURM_*`` (and ``MASTER_*``) variables."""
     try:
-        rank = int(environ["SLURM_PROCID"])
-        world = int(environ["SLURM_NTASKS"])
-        local_rank = int(environ["SLURM_LOCALID"])
-        job_id = int(environ["SLURM_JOB_ID"])
-    except KeyError as exc:
-        raise ConfigError(f"launch: {exc.args[0]} is not set; run this under srun inside a Slurm job") from None
-    except ValueError as exc:
-        raise ConfigError(f"launch: malformed SLURM_* variable: {exc}") from None
-    nodes = hostlist.expand_hostlist(environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST", ""))
-    master = environ.get("MASTER_ADDR") or (nodes[0] if nodes else "")
+        slurm = SlurmEnv.from_environ(environ)
+    except AirHpcError as exc:
+        raise ConfigError(f"launch: {exc}") from None
+    if slurm.procid is None or slurm.ntasks is None or slurm.localid is None or slurm.job_id is None:
+        task = (
+            (slurm_env.PROCID, slurm.procid),
+            (slurm_env.NTASKS, slurm.ntasks),
+            (slurm_env.LOCALID, slurm.localid),
+            (slurm_env.JOB_ID, slurm.job_id),
+        )
+        unset = next(var for var, value in task if value is None)
+        raise ConfigError(f"launch: {unset} is not set; run this under srun inside a Slurm job")
+    job_id = ascii_int(slurm.job_id)
+    if job_id is None:
+        raise ConfigError(f"launch: {slurm_env.JOB_ID}={slurm.job_id!r} is not a job id")
+    master = environ.get("MASTER_ADDR") or (slurm.nodelist[0] if slurm.nodelist else "")
     if not master:
-        raise ConfigError("launch: neither MASTER_ADDR nor SLURM_JOB_NODELIST is set")
+        raise ConfigError(f"launch: neither MASTER_ADDR nor {slurm_env.JOB_NODELIST[0]} is set")
     port = int(environ["MASTER_PORT"]) if environ.get("MASTER_PORT") else master_port(job_id)
-    hostname = environ.get("SLURMD_NODENAME") or socket.gethostname()
-    return DistEnv(rank, world, local_rank, master, port, hostname)
+    hostname = slurm.nodename or socket.gethostname()
+    return DistEnv(slurm.procid, slurm.ntasks, slurm.localid, master, port, hostname)
 
 
 def dist_env_from_submitit(environ: Mapping[str, str]) -> DistEnv:
     """submitit's ranks, with our port derivation: submitit draws one from 20000-60000, often an ephemeral port."""
     dist = submitit.helpers.TorchDistributedEnvironment()
-    job_id = str(submitit.JobEnvironment().job_id)
-    port = dist.master_port if environ.get("MASTER_PORT") or not job_id.isdecimal() else master_port(int(job_id))
-    hostname = environ.get("SLURMD_NODENAME") or socket.gethostname()
+    job_id = ascii_int(str(submitit.JobEnvironment().job_id))
+    port = dist.master_port if environ.get("MASTER_PORT") or job_id is None else master_port(job_id)
+    hostname = SlurmEnv.from_environ(environ).nodename or socket.gethostname()
     return DistEnv(dist.rank, dist.world_size, dist.local_rank, dist.master_addr, port, hostname)
 
 
 def current_dist_env(environ: Mapping[str, str]) -> DistEnv:
     """Under submitit ask submitit; under a bare ``srun`` read Slurm's variables; then apply the rank order."""
     env = dist_env_from_submitit(environ) if environ.get("SUBMITIT_EXECUTOR") else dist_env_from_slurm(environ)
-    hostfile = environ.get(RANK_ORDER_ENV)
-    if not hostfile:
+    hostfile = SlurmEnv.from_environ(environ).hostfile  # the placement's rank order, one host per rank
+    if hostfile is None:
         return env
     try:
-        hosts = [line.strip() for line in Path(hostfile).read_text().splitlines() if line.strip()]
+        hosts = [line.strip() for line in hostfile.read_text().splitlines() if line.strip()]
     except OSError as exc:
-        raise ConfigError(f"{RANK_ORDER_ENV}={hostfile}: cannot read the rank order: {exc}") from None
+        raise ConfigError(f"{slurm_env.HOSTFILE}={hostfile}: cannot read the rank order: {exc}") from None
     return apply_rank_order(env, hosts)
 
 
@@ -95,7 +100,7 @@ class TrainingEntry(submitit.helpers.Checkpointable):
         trainer.validate(job)
         env = current_dist_env(os.environ)
         stop.announce_armed(generation_dir(run_dir, generation(os.environ)), env.rank, job.resilience.signal)
-        metrics.warn_once_per_job(env.rank, int(os.environ.get("SLURM_RESTART_COUNT") or 0))
+        metrics.warn_once_per_job(env.rank, SlurmEnv.from_environ(os.environ).restart_count)
         _stop_a_crash_loop(job.resilience.max_no_progress_restarts, run_dir, env.rank)
         handler = metrics.setup_rank_logging(run_dir.rank_log(env.rank), env.rank)
         try:
@@ -175,8 +180,8 @@ def _requeue_through_submitit(rank: int) -> None:
 
 def _apply_thread_limit(environ: Mapping[str, str]) -> None:
     """Honour OMP_NUM_THREADS even when torch was imported before the job's environment was applied."""
-    threads = environ.get("OMP_NUM_THREADS")
-    if threads and threads.isdigit():
+    threads = ascii_int(environ.get("OMP_NUM_THREADS", ""))
+    if threads is not None:
         import torch
 
-        torch.set_num_threads(int(threads))
+        torch.set_num_threads(threads)

@@ -22,6 +22,7 @@ import psutil
 from air_hpc.digits import ascii_int
 from air_hpc.errors import AirHpcError, UserError
 from air_hpc.rundir import RunDir
+from air_hpc.slurm.env import SlurmEnv
 
 log = logging.getLogger(__name__)
 
@@ -118,13 +119,9 @@ def claim(run_dir: RunDir, is_live: Callable[[Owner], bool]) -> Iterator[Callabl
         yield record
 
 
-#: Where a rank finds its job's id: submitit's local executor first, then Slurm's.
-JOB_ID_VARS = ("SUBMITIT_LOCAL_JOB_ID", "SLURM_JOB_ID")
-
-
 def fence(run_dir: RunDir, environ: Mapping[str, str]) -> None:
     """Raise :class:`NotOwnerError` unless this process's job owns ``run_dir`` (or it was never claimed)."""
-    job_id = next((environ[v] for v in JOB_ID_VARS if environ.get(v)), None)
+    job_id = environ.get("SUBMITIT_LOCAL_JOB_ID") or SlurmEnv.from_environ(environ).job_id  # submitit's local first
     with _locked(run_dir, exclusive=False):
         owner = read_owner(run_dir)
     if owner is None or job_id is None or owner.job_id == job_id:

@@ -44,8 +44,6 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-import hostlist
-
 from air_hpc.config.models import JobConfig
 from air_hpc.errors import AirHpcError, TopologyError
 from air_hpc.exitcodes import REQUEUE_WORTHY, ExitCode
@@ -55,7 +53,9 @@ from air_hpc.launch.owner import fence
 from air_hpc.render.spec import HOSTFILE_NAME, hang_backstop_s
 from air_hpc.resilience.events import EventLog
 from air_hpc.rundir import ARMED_FILE_PREFIX, STOP_REQUESTED_FILE, RunDir
+from air_hpc.slurm import env as slurm_env
 from air_hpc.slurm.client import SlurmClient
+from air_hpc.slurm.env import SlurmEnv
 from air_hpc.slurm.hostlist import compress
 from air_hpc.topology.fabric import Fabric
 from air_hpc.topology.select import pick_spare
@@ -181,9 +181,10 @@ class Supervisor:
         self.client = client
         self.fabric = fabric
         self.events = EventLog(run_dir.events)
-        self.job_id = self.environ.get("SLURM_JOB_ID", "")
-        self.restart_count = int(self.environ.get("SLURM_RESTART_COUNT") or 0)
-        self.hostfile = Path(self.environ.get("SLURM_HOSTFILE") or run_dir.path / HOSTFILE_NAME)
+        self.slurm = SlurmEnv.from_environ(self.environ)
+        self.job_id = self.slurm.job_id or ""
+        self.restart_count = self.slurm.restart_count
+        self.hostfile = self.slurm.hostfile or run_dir.path / HOSTFILE_NAME
         self.backstop_s = hang_backstop_s(job)
         self.probe = probe or self.probe_dead
         self._signum: int | None = None
@@ -238,9 +239,9 @@ class Supervisor:
 
     def run(self) -> int:
         res = self.job.resources
-        allocated = hostlist.expand_hostlist(self.environ.get("SLURM_JOB_NODELIST", ""))
+        allocated = self.slurm.nodelist
         bad = read_bad_nodes(self.run_dir.bad_nodes)
-        if self.hostfile.is_file() and "SLURM_HOSTFILE" in self.environ:
+        if self.hostfile.is_file() and self.slurm.hostfile is not None:
             rank_hosts = tuple(line.strip() for line in self.hostfile.read_text().splitlines() if line.strip())
         else:
             rank_hosts = block_order(allocated, bad, res.nodes, res.tasks_per_node)
@@ -340,7 +341,7 @@ class Supervisor:
         tmp = self.hostfile.with_name(f".{self.hostfile.name}.tmp")
         tmp.write_text("".join(f"{h}\n" for h in rank_hosts))
         tmp.replace(self.hostfile)
-        env = {**self.environ, "SLURM_HOSTFILE": str(self.hostfile), STEP_ATTEMPT_ENV: str(attempt)}
+        env = {**self.environ, slurm_env.HOSTFILE: str(self.hostfile), STEP_ATTEMPT_ENV: str(attempt)}
         if "MASTER_ADDR" not in self.job.env:
             env["MASTER_ADDR"] = rank_hosts[0]
         return env
@@ -355,7 +356,7 @@ class Supervisor:
 
     def probe_dead(self, hosts: Sequence[str]) -> tuple[str, ...]:
         """The hosts where a tiny step does not finish in :data:`PROBE_TIMEOUT_S`."""
-        env = {k: v for k, v in self.client.env.items() if k != "SLURM_HOSTFILE"}
+        env = {k: v for k, v in self.client.env.items() if k != slurm_env.HOSTFILE}
         probe = SlurmClient(env=env, timeout_s=PROBE_TIMEOUT_S, retries=0)
 
         def alive(host: str) -> bool:

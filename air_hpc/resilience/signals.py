@@ -19,6 +19,7 @@ from typing import Any
 
 from air_hpc.digits import ascii_int
 from air_hpc.errors import ConfigError
+from air_hpc.slurm.env import JOB_END_TIME, JOB_START_TIME, SlurmEnv, epoch_seconds
 
 log = logging.getLogger(__name__)
 
@@ -154,11 +155,9 @@ def agree_stop(stop: "StopRequest", deadline: "Deadline", group: Any = None, now
     return STOP_REASONS[code - 1] if code else None
 
 
-#: Environment variables that may carry the job's start time (epoch seconds), in order of trust.
-#: ``SLURM_JOB_START_TIME`` exists from Slurm 23.02; ``AIR_HPC_JOB_START_S`` lets a launcher or a
-#: test set it explicitly. Older Slurm versions use the batch script's ``started`` line instead.
-START_TIME_VARS = ("SLURM_JOB_START_TIME", "AIR_HPC_JOB_START_S")
-END_TIME_VAR = "SLURM_JOB_END_TIME"
+#: The job's start time (epoch seconds) where Slurm (before 23.02) does not set ``SLURM_JOB_START_TIME``:
+#: a launcher or a test sets it explicitly. Older Slurm versions use the batch script's ``started`` line.
+LAUNCHER_START_VAR = "AIR_HPC_JOB_START_S"
 
 
 @dataclass(frozen=True)
@@ -205,21 +204,24 @@ class Deadline:
         env = os.environ if env is None else env
         if explicit_stop_at_s is not None:
             return cls(explicit_stop_at_s, "explicit")
-        end = _epoch(env, END_TIME_VAR)
-        if end is not None:
-            return cls(end - margin_s, END_TIME_VAR)
+        slurm = SlurmEnv.from_environ(env)
+        if slurm.job_end_time_s is not None:
+            return cls(slurm.job_end_time_s - margin_s, JOB_END_TIME)
         limit_s = time_limit_min * 60.0
-        for var in START_TIME_VARS:
-            start = _epoch(env, var)
+        starts = (
+            (JOB_START_TIME, slurm.job_start_time_s),
+            (LAUNCHER_START_VAR, epoch_seconds(env, LAUNCHER_START_VAR)),
+        )
+        for var, start in starts:
             if start is not None:
                 return cls(start + limit_s - margin_s, var)
-        start = _started_from_submissions(submissions, env.get("SLURM_JOB_ID")) if submissions else None
+        start = _started_from_submissions(submissions, slurm.job_id) if submissions else None
         if start is not None:
             return cls(start + limit_s - margin_s, "submissions.jsonl")
         now = time.time() if now_s is None else now_s
         log.warning(
             "job start time unknown (none of %s set): the deadline counts from this process's start",
-            ", ".join((END_TIME_VAR, *START_TIME_VARS)),
+            ", ".join((JOB_END_TIME, *(var for var, _ in starts))),
         )
         return cls(now + limit_s - margin_s, "process start")
 
@@ -235,15 +237,3 @@ def _started_from_submissions(path: Path, job_id: str | None) -> float | None:
             except (KeyError, TypeError, ValueError):
                 return None
     return None
-
-
-def _epoch(env: Mapping[str, str], var: str) -> float | None:
-    text = env.get(var, "").strip()
-    if not text:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        log.warning("ignoring %s=%r: not epoch seconds", var, text)
-        return None
-    return value if value > 0 else None

@@ -1,0 +1,103 @@
+"""What Slurm tells a batch script and its tasks through ``SLURM_*``: read in one place, once.
+
+:meth:`SlurmEnv.from_environ` takes any mapping (``os.environ``, a dict in a test, another process's
+environment), so callers never spell a variable name or parse its value themselves. An unset
+variable is ``None`` (or empty); a count or id that is set but not a number is a :class:`ConfigError`
+naming the variable, as a job's environment is input like any other.
+"""
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from air_hpc.digits import ascii_int
+from air_hpc.errors import ConfigError
+from air_hpc.slurm import hostlist
+
+log = logging.getLogger(__name__)
+
+JOB_ID = "SLURM_JOB_ID"
+RESTART_COUNT = "SLURM_RESTART_COUNT"
+PROCID = "SLURM_PROCID"
+NTASKS = "SLURM_NTASKS"
+LOCALID = "SLURM_LOCALID"
+STEP_ID = "SLURM_STEP_ID"
+#: The allocation's nodes; ``SLURM_NODELIST`` is the older name, read when the newer is unset.
+JOB_NODELIST = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
+NODENAME = "SLURMD_NODENAME"
+#: One host per rank for ``srun --distribution=arbitrary``.
+HOSTFILE = "SLURM_HOSTFILE"
+#: Epoch seconds; set from Slurm 23.02.
+JOB_START_TIME = "SLURM_JOB_START_TIME"
+JOB_END_TIME = "SLURM_JOB_END_TIME"
+
+
+@dataclass(frozen=True)
+class SlurmEnv:
+    """The ``SLURM_*`` variables air-hpc uses, typed; ``None`` or empty where unset."""
+
+    job_id: str | None = None
+    """``SLURM_JOB_ID`` as text: it is compared with the ids in run records."""
+    restart_count: int = 0
+    """``SLURM_RESTART_COUNT``: requeues of this job so far (unset on the first start)."""
+    procid: int | None = None
+    """``SLURM_PROCID``: this task's global rank."""
+    ntasks: int | None = None
+    """``SLURM_NTASKS``: tasks in the step (the world size)."""
+    localid: int | None = None
+    """``SLURM_LOCALID``: this task's rank on its node."""
+    step_id: int | None = None
+    """``SLURM_STEP_ID``: set in a job step (``srun``), not in the batch script."""
+    nodelist: tuple[str, ...] = ()
+    """The allocation's nodes, expanded, in Slurm's order."""
+    nodename: str | None = None
+    """``SLURMD_NODENAME``: the node this task runs on."""
+    hostfile: Path | None = None
+    """``SLURM_HOSTFILE``."""
+    job_start_time_s: float | None = None
+    """``SLURM_JOB_START_TIME``; ``None`` also when it is not positive epoch seconds (logged)."""
+    job_end_time_s: float | None = None
+    """``SLURM_JOB_END_TIME``; as the start time."""
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> "SlurmEnv":
+        nodelist_var = next((v for v in JOB_NODELIST if environ.get(v)), None)
+        nodelist = environ[nodelist_var] if nodelist_var else ""
+        hostfile = environ.get(HOSTFILE)
+        return cls(
+            job_id=environ.get(JOB_ID) or None,
+            restart_count=_count(environ, RESTART_COUNT) or 0,
+            procid=_count(environ, PROCID),
+            ntasks=_count(environ, NTASKS),
+            localid=_count(environ, LOCALID),
+            step_id=_count(environ, STEP_ID),
+            nodelist=tuple(hostlist.expand(nodelist, f"${nodelist_var}")) if nodelist_var else (),
+            nodename=environ.get(NODENAME) or None,
+            hostfile=Path(hostfile) if hostfile else None,
+            job_start_time_s=epoch_seconds(environ, JOB_START_TIME),
+            job_end_time_s=epoch_seconds(environ, JOB_END_TIME),
+        )
+
+
+def _count(environ: Mapping[str, str], var: str) -> int | None:
+    text = environ.get(var)
+    if text is None or not text.strip():
+        return None
+    value = ascii_int(text)
+    if value is None:
+        raise ConfigError(f"${var}={text!r}: expected a whole number, as Slurm sets it")
+    return value
+
+
+def epoch_seconds(environ: Mapping[str, str], var: str) -> float | None:
+    """Positive epoch seconds in ``var``; ``None`` when unset or not a time (logged: the caller has a fallback)."""
+    text = environ.get(var, "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        log.warning("ignoring %s=%r: not epoch seconds", var, text)
+        return None
+    return value if value > 0 else None
