@@ -11,7 +11,6 @@ import contextlib
 import json
 import logging
 import os
-import random
 import shutil
 import socket
 import subprocess
@@ -27,6 +26,7 @@ from air_hpc.errors import SlurmError, TestbedError
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.testbed import conf
 from air_hpc.testbed.conf import Layout, Ports, Settings
+from air_hpc.testbed.ports import free_ports
 from air_hpc.topology import treeconf
 from air_hpc.topology.synthetic import fat_tree
 
@@ -77,30 +77,6 @@ def missing_packages(search_path: str | None = None) -> list[str]:
     if search_path is None:
         search_path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
     return sorted({pkg for binary, pkg in REQUIRED_BINARIES.items() if not shutil.which(binary, path=search_path)})
-
-
-#: Ports are drawn below Linux's default ephemeral range (32768-60999), so the outgoing
-#: connections of busy neighbours cannot take one between our choice and the daemon's bind.
-PORT_RANGE = (20000, 32767)
-
-
-def free_ports(count: int, rng: random.Random | None = None) -> list[int]:
-    """Distinct loopback ports that are free now, held open together while choosing."""
-    rng = rng or random.Random()
-    sockets: list[socket.socket] = []
-    try:
-        while len(sockets) < count:
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                s.bind(("127.0.0.1", rng.randint(*PORT_RANGE)))
-            except OSError:
-                s.close()
-                continue
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 class Testbed:

@@ -1,9 +1,15 @@
-"""Pure renderers of the testbed's Slurm, slurmdbd and cgroup configuration."""
+"""Pure renderers of the Slurm, slurmdbd and cgroup configuration of the daemons the testbed starts.
 
+One slurm.conf writer (:func:`render_slurm_conf`) over one loopback base (:func:`loopback_controller`)
+serves both the testbed's cluster (:func:`slurm_conf`) and the CLOUD-node controller (:func:`cloud_slurm_conf`).
+"""
+
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from air_hpc.render.spec import MASTER_PORT_SPAN
+from air_hpc.slurm import hostlist
 
 #: Fixed node resources, applied by slurmd through ``SlurmdParameters=config_overrides``
 #: so every emulated node looks the same whatever the host has.
@@ -111,69 +117,85 @@ class Layout:
         return self.run / f"{daemon}.pid"
 
 
+def loopback_controller(cluster: str, ctld_host: str, ctld_port: int) -> dict[str, str]:
+    """What every slurm.conf we write shares: a controller (and its slurmds) on loopback only, run as root.
+
+    ``SlurmctldHost`` must be the machine's real hostname; ``CommunicationParameters`` keeps the daemons
+    off other addresses when that name resolves to 127.x. No cgroups, MPI or job completion records;
+    the ``topology/tree`` plugin, so switch-aware placement is Slurm's own.
+    """
+    return {
+        "ClusterName": cluster,
+        "SlurmctldHost": f"{ctld_host}(127.0.0.1)",
+        "SlurmctldPort": str(ctld_port),
+        "SlurmUser": "root",
+        "CommunicationParameters": "NoCtldInAddrAny,NoInAddrAny",
+        "ProctrackType": "proctrack/linuxproc",
+        "TaskPlugin": "task/none",
+        "MpiDefault": "none",
+        "SelectType": "select/cons_tres",
+        "TopologyPlugin": "topology/tree",
+        "ReturnToService": "2",
+        "JobCompType": "jobcomp/none",
+    }
+
+
+def render_slurm_conf(settings: Mapping[str, str], lines: Sequence[str], header: str) -> str:
+    """The one slurm.conf writer: a comment, one ``key=value`` line per setting, then ``lines`` (nodes, partitions)."""
+    return "\n".join([f"# {header}", *(f"{key}={value}" for key, value in settings.items()), *lines]) + "\n"
+
+
 def slurm_conf(
     layout: Layout, ports: Ports, nodes: list[str], ctld_host: str, cluster: str, settings: Settings | None = None
 ) -> str:
     settings = settings or Settings()
     auth = f"socket={layout.munge_socket},cred_expire={CRED_EXPIRE_S}"
-    lines = [
-        "# Written by air-hpc testbed up; every daemon listens on loopback only.",
-        f"ClusterName={cluster}",
-        f"SlurmctldHost={ctld_host}(127.0.0.1)",
-        f"SlurmctldPort={ports.slurmctld}",
+    values = {
+        **loopback_controller(cluster, ctld_host, ports.slurmctld),
         # Testbeds side by side start at different job ids, so ports derived from the job id
         # (MASTER_PORT) do not collide between their jobs on this one host.
-        f"FirstJobId={first_job_id(ports.slurmctld)}",
-        "SlurmUser=root",
-        "SlurmdUser=root",
-        "AuthType=auth/munge",
-        f"AuthInfo={auth}",
-        "CredType=cred/munge",
-        "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny",
-        f"StateSaveLocation={layout.ctld_state}",
-        f"SlurmdSpoolDir={layout.spool}/%n",
-        f"SlurmctldPidFile={layout.pid_file('slurmctld-own')}",
-        f"SlurmdPidFile={layout.run}/slurmd-%n-own.pid",
-        f"SlurmctldLogFile={layout.log}/slurmctld.log",
-        f"SlurmdLogFile={layout.log}/slurmd-%n.log",
-        "SlurmctldDebug=info",
-        "SlurmdDebug=info",
-        "ProctrackType=proctrack/linuxproc",
-        "TaskPlugin=task/none",
-        "JobAcctGatherType=jobacct_gather/none",
-        "MpiDefault=none",
-        "SwitchType=switch/none",
-        "SelectType=select/cons_tres",
-        "SelectTypeParameters=CR_CPU",
-        "SchedulerType=sched/backfill",
-        "SchedulerParameters=sched_interval=2,bf_interval=2",
-        "TopologyPlugin=topology/tree",
-        "SlurmdParameters=config_overrides",
-        "ReturnToService=2",
-        "JobRequeue=1",
+        "FirstJobId": str(first_job_id(ports.slurmctld)),
+        "SlurmdUser": "root",
+        "AuthType": "auth/munge",
+        "AuthInfo": auth,
+        "CredType": "cred/munge",
+        "StateSaveLocation": str(layout.ctld_state),
+        "SlurmdSpoolDir": f"{layout.spool}/%n",
+        "SlurmctldPidFile": str(layout.pid_file("slurmctld-own")),
+        "SlurmdPidFile": f"{layout.run}/slurmd-%n-own.pid",
+        "SlurmctldLogFile": f"{layout.log}/slurmctld.log",
+        "SlurmdLogFile": f"{layout.log}/slurmd-%n.log",
+        "SlurmctldDebug": "info",
+        "SlurmdDebug": "info",
+        "JobAcctGatherType": "jobacct_gather/none",
+        "SwitchType": "switch/none",
+        "SelectTypeParameters": "CR_CPU",
+        "SchedulerType": "sched/backfill",
+        "SchedulerParameters": "sched_interval=2,bf_interval=2",
+        "SlurmdParameters": "config_overrides",
+        "JobRequeue": "1",
         # A job in `urgent` preempts jobs in `batch`: SIGCONT+SIGTERM, GraceTime, kill, and Slurm requeues it.
-        "PreemptType=preempt/partition_prio",
-        "PreemptMode=REQUEUE",
-        *(["SlurmctldParameters=preempt_send_user_signal"] if settings.preempt_send_user_signal else []),
-        "MinJobAge=300",
-        "KillWait=5",
-        "UnkillableStepTimeout=30",
-        "SlurmctldTimeout=30",
-        "SlurmdTimeout=60",
-        "MessageTimeout=10",
-        "InactiveLimit=0",
-        "AccountingStorageType=accounting_storage/slurmdbd",
-        "AccountingStorageHost=127.0.0.1",
-        f"AccountingStoragePort={ports.slurmdbd}",
-        f"AccountingStoragePass={layout.munge_socket}",
-        "JobCompType=jobcomp/none",
-        "MailProg=/bin/true",
+        "PreemptType": "preempt/partition_prio",
+        "PreemptMode": "REQUEUE",
+        **({"SlurmctldParameters": "preempt_send_user_signal"} if settings.preempt_send_user_signal else {}),
+        "MinJobAge": "300",
+        "KillWait": "5",
+        "UnkillableStepTimeout": "30",
+        "SlurmctldTimeout": "30",
+        "SlurmdTimeout": "60",
+        "MessageTimeout": "10",
+        "InactiveLimit": "0",
+        "AccountingStorageType": "accounting_storage/slurmdbd",
+        "AccountingStorageHost": "127.0.0.1",
+        "AccountingStoragePort": str(ports.slurmdbd),
+        "AccountingStoragePass": str(layout.munge_socket),
+        "MailProg": "/bin/true",
+    }
+    lines = [
+        f"NodeName={name} NodeHostname={ctld_host} NodeAddr=127.0.0.1 Port={port} "
+        f"CPUs={NODE_CPUS} RealMemory={NODE_MEMORY_MB} State=UNKNOWN"
+        for name, port in zip(nodes, ports.slurmd, strict=True)
     ]
-    for name, port in zip(nodes, ports.slurmd, strict=True):
-        lines.append(
-            f"NodeName={name} NodeHostname={ctld_host} NodeAddr=127.0.0.1 Port={port} "
-            f"CPUs={NODE_CPUS} RealMemory={NODE_MEMORY_MB} State=UNKNOWN"
-        )
     lines.append(
         f"PartitionName={BATCH_PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 "
         f"PreemptMode=REQUEUE GraceTime={settings.preempt_grace_s}"
@@ -181,7 +203,42 @@ def slurm_conf(
     lines.append(
         f"PartitionName={URGENT_PARTITION} Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF"
     )
-    return "\n".join(lines) + "\n"
+    return render_slurm_conf(values, lines, "Written by air-hpc testbed up; every daemon listens on loopback only.")
+
+
+def cloud_slurm_conf(
+    workdir: Path, nodes: Sequence[str], ctld_host: str, ports: Sequence[int], extra: Sequence[str] = ()
+) -> str:
+    """slurm.conf for a controller whose nodes are all power-saved CLOUD nodes on a topology/tree fabric.
+
+    ``ports``: the controller's and the (never started) slurmds'. ``extra``: further lines (settings
+    the base leaves unset, more nodes or partitions).
+    """
+    values = {
+        **loopback_controller("topocloud", ctld_host, ports[0]),
+        "SlurmdPort": str(ports[1]),
+        "AuthType": "auth/none",
+        "CredType": "cred/none",
+        "StateSaveLocation": str(workdir / "state"),
+        "SlurmdSpoolDir": str(workdir / "spool"),
+        "SlurmctldPidFile": str(workdir / "slurmctld.pid"),
+        "SlurmctldLogFile": str(workdir / "slurmctld.log"),
+        "SlurmctldDebug": "error",
+        "SelectTypeParameters": "CR_Core",
+        "SchedulerType": "sched/builtin",
+        "SuspendProgram": "/bin/true",
+        "ResumeProgram": "/bin/true",
+        "SuspendTime": "3600",
+        "ResumeTimeout": "600",
+        "PrivateData": "cloud",
+        "AccountingStorageType": "accounting_storage/none",
+    }
+    lines = [
+        f"NodeName={hostlist.compress(nodes)} CPUs=1 State=CLOUD",
+        "PartitionName=all Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+        *extra,
+    ]
+    return render_slurm_conf(values, lines, "Written by air-hpc's CLOUD-node controller; it listens on loopback only.")
 
 
 def first_job_id(ctld_port: int) -> int:

@@ -59,10 +59,10 @@ from pathlib import Path
 
 from air_hpc.config.layout import ParallelLayout
 from air_hpc.errors import TopologyError
+from air_hpc.testbed.cloud import CloudController
 from air_hpc.topology import treeconf
 from air_hpc.topology.block_select import select_blocks
 from air_hpc.topology.blocks import BlockModel, aggregate_level, violation
-from air_hpc.topology.cloudctl import CloudController
 from air_hpc.topology.cost import Traffic, score
 from air_hpc.topology.fabric import Fabric, SwitchSpec, build_fabric
 from air_hpc.topology.place import place_selection, slurm_default

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from air_hpc.cli.main import cli
 from air_hpc.config import load_job
 from air_hpc.slurm.client import SlurmClient
-from air_hpc.topology.cloudctl import CloudController
+from air_hpc.testbed.cloud import CloudController
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,7 @@
 """Topology against real Slurm: hostlists vs scontrol, importer output loaded by slurmctld, live node state.
 
 The controller is a throw-away slurmctld of power-saved CLOUD nodes on loopback
-(:class:`~air_hpc.topology.cloudctl.CloudController`); it needs no slurmd and no
+(:class:`~air_hpc.testbed.cloud.CloudController`); it needs no slurmd and no
 munge, starts in about a second, and is stopped by the test that started it.
 """
 
@@ -17,8 +17,8 @@ from air_hpc.cli.main import main
 from air_hpc.slurm import hostlist
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.nodes import SINFO_ARGS, fetch_node_states, parse_sinfo
+from air_hpc.testbed.cloud import CloudController
 from air_hpc.topology import treeconf
-from air_hpc.topology.cloudctl import CloudController
 from air_hpc.topology.fabric import Fabric
 from air_hpc.topology.ibnetdiscover import import_ibnetdiscover
 from air_hpc.topology.select import select_nodes

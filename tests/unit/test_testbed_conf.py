@@ -7,7 +7,8 @@ import pytest
 from air_hpc.cli.testbed_cmd import parse_leaves
 from air_hpc.errors import TestbedError, UserError
 from air_hpc.testbed import Testbed, conf
-from air_hpc.testbed.cluster import free_ports, missing_packages
+from air_hpc.testbed.cluster import missing_packages
+from air_hpc.testbed.ports import free_ports
 
 
 def layout_and_ports(tmp_path: Path) -> tuple[conf.Layout, conf.Ports]:

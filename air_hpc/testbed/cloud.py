@@ -1,5 +1,10 @@
 """A throw-away slurmctld of CLOUD nodes: ask the real topology/tree plugin where a job would go.
 
+It lives beside the testbed as one more Slurm daemon air-hpc starts on this host: its slurm.conf
+comes from the same writer (:func:`air_hpc.testbed.conf.cloud_slurm_conf`) and its ports from the
+same picker (:func:`air_hpc.testbed.ports.free_ports`). The topology integration tests and
+``scripts/bench/select.py`` use it; the library itself never starts it.
+
 Power-saved cloud nodes (``State=CLOUD`` with ``SuspendProgram``/``ResumeProgram``
 set to ``/bin/true``) are allocatable without any slurmd, so one controller on
 loopback can hold tens of thousands of nodes and answer
@@ -20,69 +25,12 @@ from types import TracebackType
 from air_hpc.errors import SlurmError, TestbedError
 from air_hpc.slurm import hostlist
 from air_hpc.slurm.client import SlurmClient
+from air_hpc.testbed.conf import cloud_slurm_conf
+from air_hpc.testbed.ports import free_ports
 
 log = logging.getLogger(__name__)
 
 _PLACED = re.compile(r"on nodes (\S+) in partition")
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct free TCP ports on loopback (bound and released; good enough for a private daemon)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def slurm_conf(
-    workdir: Path, nodes: Sequence[str], ctld_host: str, ports: Sequence[int], extra: Sequence[str] = ()
-) -> str:
-    """slurm.conf for a controller whose nodes are all power-saved CLOUD nodes on a topology/tree fabric.
-
-    ``extra``: further lines (settings the base leaves unset, more nodes or partitions).
-    """
-    return "\n".join(
-        [
-            "ClusterName=topocloud",
-            f"SlurmctldHost={ctld_host}(127.0.0.1)",
-            f"SlurmctldPort={ports[0]}",
-            f"SlurmdPort={ports[1]}",
-            "AuthType=auth/none",
-            "CredType=cred/none",
-            "SlurmUser=root",
-            f"StateSaveLocation={workdir / 'state'}",
-            f"SlurmdSpoolDir={workdir / 'spool'}",
-            f"SlurmctldPidFile={workdir / 'slurmctld.pid'}",
-            f"SlurmctldLogFile={workdir / 'slurmctld.log'}",
-            "SlurmctldDebug=error",
-            "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_Core",
-            "TopologyPlugin=topology/tree",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
-            "SchedulerType=sched/builtin",
-            "SuspendProgram=/bin/true",
-            "ResumeProgram=/bin/true",
-            "SuspendTime=3600",
-            "ResumeTimeout=600",
-            "ReturnToService=2",
-            "PrivateData=cloud",
-            "MpiDefault=none",
-            "JobCompType=jobcomp/none",
-            "AccountingStorageType=accounting_storage/none",
-            "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny",
-            f"NodeName={hostlist.compress(nodes)} CPUs=1 State=CLOUD",
-            "PartitionName=all Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
-            *extra,
-            "",
-        ]
-    )
 
 
 class CloudController:
@@ -118,7 +66,7 @@ class CloudController:
     def start(self, timeout_s: float = 60.0) -> None:
         for sub in ("state", "spool"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
-        self.conf.write_text(slurm_conf(self.workdir, self.nodes, self.ctld_host, free_ports(2), self.extra_conf))
+        self.conf.write_text(cloud_slurm_conf(self.workdir, self.nodes, self.ctld_host, free_ports(2), self.extra_conf))
         (self.workdir / "topology.conf").write_text(self.topology_text)
         out = (self.workdir / "slurmctld.out").open("wb")
         self._proc = subprocess.Popen(
