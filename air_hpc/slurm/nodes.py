@@ -100,19 +100,36 @@ def parse_scontrol_nodes(text: str, source: str = "scontrol show nodes") -> Node
     return _collect(pairs)
 
 
-def parse_sinfo(text: str, source: str = "sinfo") -> NodeStates:
-    """Parse ``sinfo --Node --noheader --format='%N %T'``; a node in several partitions may repeat."""
-    pairs = []
+def _sinfo_rows(text: str, source: str) -> list[tuple[str, str]]:
+    rows = []
     for number, line in enumerate(text.splitlines(), start=1):
         fields = line.split()
         if not fields:
             continue
         if len(fields) != 2:
             raise SlurmError(f"{source}:{number}: expected 'NODE STATE', got {line.strip()!r}")
-        pairs.append((fields[0], fields[1], sinfo_state_available(fields[1])))
-    return _collect(pairs)
+        rows.append((fields[0], fields[1]))
+    return rows
+
+
+def parse_sinfo(text: str, source: str = "sinfo") -> NodeStates:
+    """Parse ``sinfo --Node --noheader --format='%N %T'``; a node in several partitions may repeat."""
+    return _collect([(node, state, sinfo_state_available(state)) for node, state in _sinfo_rows(text, source)])
+
+
+def parse_sinfo_states(text: str, source: str = "sinfo") -> dict[str, str]:
+    """Each node's state as ``sinfo`` prints it (``idle``, ``allocated``, ``down*``), for showing or waiting on.
+
+    A node listed in several partitions has the same state in each; its last line counts.
+    """
+    return dict(_sinfo_rows(text, source))
 
 
 def fetch_node_states(client: SlurmClient) -> NodeStates:
     """Ask the controller (``scontrol show nodes --oneliner``) which nodes are free now."""
     return parse_scontrol_nodes(client.run(list(SCONTROL_ARGS)).stdout)
+
+
+def fetch_sinfo_states(client: SlurmClient) -> dict[str, str]:
+    """Every node's state text from ``sinfo`` (:func:`parse_sinfo_states`)."""
+    return parse_sinfo_states(client.run(list(SINFO_ARGS)).stdout)

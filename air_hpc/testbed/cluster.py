@@ -15,7 +15,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ import psutil
 
 from air_hpc.errors import SlurmError, TestbedError
 from air_hpc.slurm.client import SlurmClient
+from air_hpc.slurm.nodes import fetch_sinfo_states
 from air_hpc.testbed import conf
 from air_hpc.testbed.conf import Layout, Ports, Settings
 from air_hpc.testbed.ports import free_ports
@@ -164,24 +165,14 @@ class Testbed:
     def node_processes(self) -> list[psutil.Process]:
         """Every process inside this testbed's node namespaces: slurmd, slurmstepd, the jobs' tasks.
 
-        slurmstepd daemonizes out of slurmd's process tree, so the tree does not find it. Each
-        slurmd runs in its own mount namespace with this testbed's hosts file bound on /etc/hosts,
-        and everything it starts inherits that: a process whose /etc/hosts is this very file
-        (same device and inode) is one of ours, whatever its PID.
+        Each slurmd runs in its own mount namespace with this testbed's hosts file bound on /etc/hosts,
+        and everything it starts inherits that: a process whose /etc/hosts is this very file is ours.
         """
         try:
             ours = os.stat(self.layout.hosts)
         except FileNotFoundError:
             return []
-        found = []
-        for proc in psutil.process_iter():
-            try:
-                seen = os.stat(f"/proc/{proc.pid}/root/etc/hosts")
-            except OSError:
-                continue
-            if (seen.st_dev, seen.st_ino) == (ours.st_dev, ours.st_ino) and proc.pid != os.getpid():
-                found.append(proc)
-        return found
+        return namespace_members(_hosts_file, (ours.st_dev, ours.st_ino))
 
     def _stop_node_processes(self, timeout_s: float = 30.0) -> None:
         """TERM, then KILL, whatever still runs in this testbed's node namespaces."""
@@ -205,7 +196,7 @@ class Testbed:
         daemons = {d["name"]: {"pid": d["pid"], "alive": Daemon(**d).process() is not None} for d in state["daemons"]}
         nodes: dict[str, str] = {}
         if all(d["alive"] for d in daemons.values()):
-            nodes = self._node_states(self.client(retries=0))
+            nodes = fetch_sinfo_states(self.client(retries=0))
         return {
             "state_dir": str(self.layout.root),
             "up": all(d["alive"] for d in daemons.values()),
@@ -287,18 +278,12 @@ class Testbed:
     def kill_node(self, name: str) -> list[int]:
         """Kill node ``name`` as a power loss would: its slurmd and every job process it started, at once.
 
-        Slurm's step daemons leave slurmd's process tree (they are re-parented), but they keep the
-        node's private UTS namespace, which only that node's processes share. Returns the PIDs killed.
+        Its processes are those in the node's private UTS namespace, which only they share. Returns the PIDs killed.
         """
         proc = self._node_daemon(name).process()
         if proc is None:
             raise TestbedError(f"slurmd of {name} is not running")
-        namespace = os.readlink(f"/proc/{proc.pid}/ns/uts")
-        family = [proc]
-        for other in psutil.process_iter():
-            with contextlib.suppress(OSError, psutil.Error):
-                if other.pid != proc.pid and os.readlink(f"/proc/{other.pid}/ns/uts") == namespace:
-                    family.append(other)
+        family = namespace_members(_uts_namespace, _uts_namespace(proc.pid))  # slurmd itself included
         for p in family:
             with contextlib.suppress(psutil.Error):
                 p.kill()
@@ -318,7 +303,7 @@ class Testbed:
         client = self.client(retries=0, timeout_s=5)
         while time.monotonic() < deadline:
             with contextlib.suppress(SlurmError):
-                if self._node_states(client).get(name, "").rstrip("*~#") in {"idle", "allocated", "mixed"}:
+                if fetch_sinfo_states(client).get(name, "").rstrip("*~#") in {"idle", "allocated", "mixed"}:
                     return
             time.sleep(0.5)
         raise TestbedError(f"node {name} did not return to service in {timeout_s:g} s")
@@ -420,7 +405,7 @@ class Testbed:
             if dead:
                 raise TestbedError(f"{', '.join(dead)} exited during start-up; see {self.layout.log}/{dead[0]}.out")
             try:
-                states = self._node_states(client)
+                states = fetch_sinfo_states(client)
             except SlurmError:
                 states = {}
             if states and all(states.get(n, "").startswith("idle") for n in state["nodes"]):
@@ -431,11 +416,6 @@ class Testbed:
         )
 
     # ---- helpers ---------------------------------------------------------------
-
-    @staticmethod
-    def _node_states(client: SlurmClient) -> dict[str, str]:
-        out = client.run(["sinfo", "-h", "-N", "-o", "%N %T"]).stdout
-        return dict(line.split(None, 1) for line in out.splitlines() if line.strip())
 
     def _cancel_jobs(self, daemons: list[Daemon]) -> None:
         ctld = next((d for d in daemons if d.name == "slurmctld"), None)
@@ -462,6 +442,32 @@ class Testbed:
         tmp = self.layout.state_json.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(self.layout.state_json)
+
+
+def namespace_members(key: Callable[[int], object], wanted: object) -> list[psutil.Process]:
+    """Every other process whose ``key(pid)`` is ``wanted``: the one search of a node's, or the testbed's, processes.
+
+    slurmstepd daemonizes out of slurmd's process tree, so the tree misses job steps; a namespace
+    the testbed gave the node (``key``: its UTS namespace, or the hosts file bound in its mount
+    namespace) holds all of them, whatever their PIDs. Processes that end or deny access are skipped.
+    """
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(OSError, psutil.Error):
+            if proc.pid != os.getpid() and key(proc.pid) == wanted:
+                found.append(proc)
+    return found
+
+
+def _uts_namespace(pid: int) -> str:
+    """The process's UTS namespace (``uts:[4026532]``): each node's slurmd gets its own, with the node's hostname."""
+    return os.readlink(f"/proc/{pid}/ns/uts")
+
+
+def _hosts_file(pid: int) -> tuple[int, int]:
+    """Device and inode of the process's /etc/hosts: the testbed's own file in every node's mount namespace."""
+    seen = os.stat(f"/proc/{pid}/root/etc/hosts")
+    return seen.st_dev, seen.st_ino
 
 
 def _check_call(argv: list[str], what: str) -> None:

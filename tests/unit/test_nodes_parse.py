@@ -12,6 +12,7 @@ from air_hpc.slurm.nodes import (
     fetch_node_states,
     parse_scontrol_nodes,
     parse_sinfo,
+    parse_sinfo_states,
     scontrol_state_available,
     sinfo_state_available,
 )
@@ -118,3 +119,10 @@ def test_fetch_goes_through_the_client() -> None:
     states = fetch_node_states(client)  # type: ignore[arg-type]
     assert client.calls == [list(SCONTROL_ARGS)]
     assert states.available == EXPECTED_AVAILABLE
+
+
+def test_sinfo_state_texts_for_the_testbed() -> None:
+    text = "n1 idle\nn2 allocated\nn1 idle\nn2 allocated\nn3 down*\n"  # every node in batch and urgent
+    assert parse_sinfo_states(text) == {"n1": "idle", "n2": "allocated", "n3": "down*"}
+    with pytest.raises(SlurmError, match=r"sinfo:2: expected 'NODE STATE'"):
+        parse_sinfo_states("n1 idle\nn2\n")

@@ -1,5 +1,7 @@
 """The testbed's pure parts: config rendering, hosts file, argument checks, package detection."""
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -7,8 +9,8 @@ import pytest
 from air_hpc.cli.testbed_cmd import parse_leaves
 from air_hpc.errors import TestbedError, UserError
 from air_hpc.testbed import Testbed, conf
-from air_hpc.testbed.cluster import missing_packages
-from air_hpc.testbed.ports import free_ports
+from air_hpc.testbed.cluster import missing_packages, namespace_members
+from air_hpc.testbed.ports import PORT_RANGE, free_ports
 
 
 def layout_and_ports(tmp_path: Path) -> tuple[conf.Layout, conf.Ports]:
@@ -29,6 +31,32 @@ def test_slurm_conf_keeps_everything_on_loopback_and_under_the_state_dir(tmp_pat
     assert "NodeName=n2 NodeHostname=vm NodeAddr=127.0.0.1 Port=7012" in text
     paths = [v for line in text.splitlines() for v in line.split("=")[1:] if v.startswith("/")]
     assert paths and all(p.startswith(str(tmp_path)) or p == "/bin/true" for p in paths)
+
+
+def test_cloud_conf_keeps_its_controller_on_loopback_under_its_workdir(tmp_path: Path) -> None:
+    text = conf.cloud_slurm_conf(tmp_path, ["c3", "c1", "c2", "c10"], "vm", [7001, 7002], ["Extra=1"])
+    assert "SlurmctldHost=vm(127.0.0.1)" in text and "SlurmctldPort=7001" in text and "SlurmdPort=7002" in text
+    assert "AuthType=auth/none" in text and "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny" in text
+    assert text.splitlines()[-3:] == [
+        "NodeName=c[1-3,10] CPUs=1 State=CLOUD",
+        "PartitionName=all Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+        "Extra=1",
+    ]
+    paths = [v for line in text.splitlines() for v in line.split("=")[1:] if v.startswith("/")]
+    assert paths and all(p.startswith(str(tmp_path)) or p == "/bin/true" for p in paths)
+
+
+def test_both_confs_come_from_one_writer_over_one_loopback_base(tmp_path: Path) -> None:
+    layout, ports = layout_and_ports(tmp_path)
+    for text in (
+        conf.slurm_conf(layout, ports, ["n1", "n2"], "vm", "airtb"),
+        conf.cloud_slurm_conf(tmp_path, ["c1"], "vm", [7001, 7002]),
+    ):
+        keys = [line.split("=", 1)[0] for line in text.splitlines() if not line.startswith(("#", "NodeName=", "Part"))]
+        assert len(keys) == len(set(keys)), "a setting written twice"
+        base = conf.loopback_controller("x", "vm", 7001)
+        assert set(base) - {"ClusterName"} <= set(keys)
+        assert {f"{k}={v}" for k, v in base.items() if k != "ClusterName"} <= set(text.splitlines())
 
 
 def test_slurmdbd_conf_points_at_the_private_mariadb(tmp_path: Path) -> None:
@@ -59,9 +87,25 @@ def test_missing_packages_are_named(tmp_path: Path) -> None:
     )
 
 
-def test_free_ports_are_distinct() -> None:
+def test_free_ports_are_distinct_and_below_the_ephemeral_range() -> None:
     ports = free_ports(20)
     assert len(set(ports)) == 20
+    assert all(PORT_RANGE[0] <= p <= PORT_RANGE[1] < 32768 for p in ports)
+
+
+def test_namespace_members_finds_by_key_skips_the_unreadable_and_never_this_process() -> None:
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert [p.pid for p in namespace_members(lambda pid: pid, child.pid)] == [child.pid]
+        assert os.getpid() not in {p.pid for p in namespace_members(lambda pid: "same", "same")}
+
+        def unreadable(pid: int) -> str:
+            raise PermissionError(pid)
+
+        assert namespace_members(unreadable, "x") == []
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_status_and_down_of_a_testbed_that_never_ran(tmp_path: Path) -> None:
