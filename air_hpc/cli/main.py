@@ -64,7 +64,7 @@ def cli(verbose: int) -> None:
 
 
 def _fail(message: str, exit_code: int) -> None:
-    """Say what went wrong once: one line on stderr, or ``{"error", "exit_code"}`` when --json was given."""
+    """Say what went wrong once: a line per problem on stderr, or ``{"error", "exit_code"}`` when --json was given."""
     if json_requested.get():
         click.echo(to_json({"error": message, "exit_code": exit_code}))
     else:
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> Any:
     try:
         return cli.main(args=argv, prog_name="air-hpc", standalone_mode=False)
     except AirHpcError as exc:
-        _fail(f"error: {exc}", int(exc.exit_code))
+        _fail("\n".join(f"error: {line}" for line in str(exc).splitlines()), int(exc.exit_code))
     except click.exceptions.Abort:
         _fail("aborted", 130)
     except click.exceptions.Exit as exc:

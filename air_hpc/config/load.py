@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from air_hpc.config.models import JobConfig
+from air_hpc.config.rules import Problem, RulesBroken
 from air_hpc.errors import ConfigError
 
 REPO_CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -210,17 +211,25 @@ def validate(raw: Mapping[str, Any], source: Source, job_path: Path) -> JobConfi
         return JobConfig.model_validate(raw)
     except ValidationError as exc:
         errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+        broken = errors[0].get("ctx", {}).get("error")
+        if isinstance(broken, RulesBroken):
+            raise ConfigError("\n".join(_describe_problem(p, source, job_path) for p in broken.problems)) from None
         raise ConfigError(_describe(errors[0], source, job_path)) from None
+
+
+def _describe_problem(problem: Problem, source: Source, job_path: Path) -> str:
+    """One line for a broken cross-field rule, naming where its key was set."""
+    where = source.where(problem.key) or str(job_path)
+    if where.startswith("--set"):
+        return f"{where}: {problem.message}"
+    return f"{where}: {problem.key}: {problem.message}"
 
 
 def _describe(error: Mapping[str, Any], source: Source, job_path: Path) -> str:
     loc = [str(part) for part in error["loc"]]
     message = str(error["msg"])
-    if message.startswith("Value error, @"):
-        key, _, message = message.removeprefix("Value error, @").partition(": ")
-    else:
-        key = ".".join(loc)
-        message = message.removeprefix("Value error, ")
+    key = ".".join(loc)
+    message = message.removeprefix("Value error, ")
     where = source.where(key) or str(job_path)
     if error["type"] == "extra_forbidden":
         hint = _suggest(loc[-1], _fields_at(JobConfig, loc[:-1]))

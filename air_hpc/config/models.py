@@ -2,8 +2,9 @@
 
 A job file composes a cluster, a hardware profile and a model preset by name
 (see ``air_hpc.config.load``); the result validates into :class:`JobConfig`.
-Cross-field rules live in ``JobConfig._check_cross_fields`` and raise with the
-key they concern, so the CLI can print one line before anything is submitted.
+Cross-field rules live in :mod:`air_hpc.config.rules`; ``JobConfig`` checks them
+all after the sections validate and raises with every broken one, so the CLI
+prints one line per problem before anything is submitted.
 """
 
 from pathlib import Path
@@ -13,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from air_hpc.config.layout import ParallelLayout
+from air_hpc.config.rules import RulesBroken, problems
 
 SignalName = Literal["USR1", "USR2", "TERM", "INT", "HUP", "URG"]
 
@@ -290,156 +292,7 @@ class JobConfig(Section):
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> "JobConfig":
-        for key, message in _cross_field_problems(self):
-            raise ValueError(f"@{key}: {message}")
+        broken = problems(self)
+        if broken:
+            raise RulesBroken(broken)
         return self
-
-
-def _cross_field_problems(job: JobConfig) -> list[tuple[str, str]]:
-    """Return (key, message) for every rule the combination of sections breaks."""
-    problems: list[tuple[str, str]] = []
-    p, m, r, t, hw = job.parallel, job.model, job.resources, job.train, job.hardware
-    world = r.world_size
-    if world % (p.tp * p.pp):
-        problems.append(
-            (
-                "parallel.tp",
-                f"world size {world} (resources.nodes {r.nodes} x tasks_per_node {r.tasks_per_node}) "
-                f"is not divisible by tp*pp = {p.tp}*{p.pp}",
-            )
-        )
-        return problems
-    dp = world // (p.tp * p.pp)
-    stages = p.pp * (p.vpp or 1)
-    if m.num_layers % stages:
-        what = f"pp*vpp = {p.pp}*{p.vpp}" if p.vpp else f"pp = {p.pp}"
-        problems.append(("model.num_layers", f"{m.num_layers} layers are not divisible by {what}"))
-    if p.vpp and p.pp < 2:
-        problems.append(("parallel.vpp", "virtual pipeline stages need pp >= 2"))
-    if m.num_attention_heads % p.tp:
-        problems.append(
-            (
-                "model.num_attention_heads",
-                f"{m.num_attention_heads} heads are not divisible by tp = {p.tp}",
-            )
-        )
-    if m.vocab_size % p.tp:
-        problems.append(("model.vocab_size", f"{m.vocab_size} is not divisible by tp = {p.tp}"))
-    if m.hidden_size % m.num_attention_heads:
-        problems.append(
-            (
-                "model.hidden_size",
-                f"{m.hidden_size} is not divisible by num_attention_heads = {m.num_attention_heads}",
-            )
-        )
-    if t.global_batch_size % (t.micro_batch_size * dp):
-        problems.append(
-            (
-                "train.global_batch_size",
-                f"{t.global_batch_size} is not divisible by micro_batch_size*dp = {t.micro_batch_size}*{dp}",
-            )
-        )
-    elif p.vpp and (t.global_batch_size // (t.micro_batch_size * dp)) % p.pp:
-        problems.append(
-            (
-                "train.global_batch_size",
-                f"the interleaved schedule needs the micro-batch count "
-                f"{t.global_batch_size // (t.micro_batch_size * dp)} to be a multiple of pp = {p.pp}",
-            )
-        )
-    if t.min_lr > t.lr:
-        problems.append(("train.min_lr", f"{t.min_lr} is above train.lr = {t.lr}"))
-    if t.lr_warmup_steps and t.lr_warmup_steps >= t.steps:
-        problems.append(
-            (
-                "train.lr_warmup_steps",
-                f"{t.lr_warmup_steps} must be less than train.steps = {t.steps} "
-                "(Megatron's schedule needs decay steps after warm-up; as many or more than train.steps leave none)",
-            )
-        )
-    if hw.device == "cpu":
-        if p.sequence_parallel:
-            problems.append(
-                (
-                    "parallel.sequence_parallel",
-                    "needs GPUs (Transformer Engine/Apex); set it false on CPU hardware",
-                )
-            )
-        if p.distributed_optimizer:
-            problems.append(
-                (
-                    "parallel.distributed_optimizer",
-                    "its checkpoints need CUDA; set it false on CPU hardware",
-                )
-            )
-        if job.precision == "bf16":
-            problems.append(("train.precision", "bf16 is for GPUs; use fp32 or auto on CPU hardware"))
-    else:
-        if r.tasks_per_node > hw.gpus_per_node:
-            problems.append(
-                (
-                    "resources.tasks_per_node",
-                    f"{r.tasks_per_node} ranks per node but hardware {hw.name} has {hw.gpus_per_node} GPUs",
-                )
-            )
-        elif r.tasks_per_node < hw.gpus_per_node and not r.allow_idle_gpus:
-            problems.append(
-                (
-                    "resources.tasks_per_node",
-                    f"{r.tasks_per_node} ranks per node would leave {hw.gpus_per_node - r.tasks_per_node} of "
-                    f"hardware {hw.name}'s {hw.gpus_per_node} GPUs idle; set it to {hw.gpus_per_node}, or "
-                    "resources.allow_idle_gpus: true if that is what you want",
-                )
-            )
-        domain_ranks = r.tasks_per_node * hw.nvlink_domain_nodes
-        if domain_ranks % p.tp and p.tp % domain_ranks:
-            problems.append(
-                (
-                    "parallel.tp",
-                    f"tp = {p.tp} does not tile the NVLink domain of {domain_ranks} ranks",
-                )
-            )
-    if p.tp > r.tasks_per_node * hw.nvlink_domain_nodes:
-        problems.append(
-            (
-                "parallel.tp",
-                f"tp = {p.tp} is larger than the {r.tasks_per_node * hw.nvlink_domain_nodes} ranks "
-                f"of one NVLink domain; TP groups must not cross it",
-            )
-        )
-    if job.checkpoint.interval_steps == "auto" and job.resilience.mtbf_h is None:
-        problems.append(
-            (
-                "checkpoint.interval_steps",
-                "auto needs resilience.mtbf_h (the mean time between failures of this job's nodes, in hours)",
-            )
-        )
-    if job.resilience.signal_lead_s >= r.time_limit_min * 60:
-        problems.append(
-            (
-                "resilience.signal_lead_s",
-                f"{job.resilience.signal_lead_s} s is not shorter than the time limit ({r.time_limit_min} min)",
-            )
-        )
-    if job.health.watchdog and job.health.heartbeat_step_s >= t.dist_timeout_s:
-        problems.append(
-            (
-                "health.heartbeat_step_s",
-                f"{job.health.heartbeat_step_s} s is not shorter than train.dist_timeout_s = {t.dist_timeout_s}: "
-                "a hung collective would fail the job before the watchdog could requeue it",
-            )
-        )
-    if (
-        job.health.watchdog
-        and job.checkpoint.async_save
-        and job.checkpoint.async_wait_s >= job.health.heartbeat_checkpoint_s
-    ):
-        problems.append(
-            (
-                "checkpoint.async_wait_s",
-                f"{job.checkpoint.async_wait_s} s is not shorter than health.heartbeat_checkpoint_s = "
-                f"{job.health.heartbeat_checkpoint_s}: the watchdog would end the job before a stuck writer "
-                "is abandoned",
-            )
-        )
-    return problems
