@@ -48,7 +48,9 @@ GROUP_OVERLAP = 0.5
 
 
 @dataclass
-class _Device:
+class Device:
+    """One Switch, Ca (HCA) or Rt (router) of a capture; ``sysimg`` is empty in the ``-p`` format."""
+
     guid_id: str
     kind: str
     desc: str
@@ -66,8 +68,10 @@ class ImportResult:
 
 
 @dataclass
-class _Capture:
-    devices: dict[str, _Device] = field(default_factory=dict)
+class Capture:
+    """What :func:`parse_capture` understood of a capture: its devices and the links between their ports."""
+
+    devices: dict[str, Device] = field(default_factory=dict)
     #: (device, port) -> (device, port), both directions
     links: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)
     #: device -> its linked ports, so a device's links are found without scanning them all
@@ -109,9 +113,9 @@ def is_ports_format(text: str) -> bool:
     return False
 
 
-def parse_ports_capture(text: str, source: str) -> _Capture:
+def parse_ports_capture(text: str, source: str) -> Capture:
     """The ``ibnetdiscover -p`` (one line per port) format; it has no system image GUIDs."""
-    cap = _Capture()
+    cap = Capture()
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -131,20 +135,20 @@ def parse_ports_capture(text: str, source: str) -> _Capture:
     return cap
 
 
-def _ports_device(cap: _Capture, kind: str, guid: str, desc: str, number: int) -> str:
+def _ports_device(cap: Capture, kind: str, guid: str, desc: str, number: int) -> str:
     label, letter = _PORTS_KIND[kind]
     dev_id = f"{letter}-{guid.lower()}"
     if dev_id not in cap.devices:
-        cap.devices[dev_id] = _Device(dev_id, label, " ".join(desc.split()), "", number)
+        cap.devices[dev_id] = Device(dev_id, label, " ".join(desc.split()), "", number)
     return dev_id
 
 
-def parse_capture(text: str, source: str) -> _Capture:
+def parse_capture(text: str, source: str) -> Capture:
     """Devices and links of the capture (default or ``-p`` format); every line must be understood."""
     if is_ports_format(text):
         return parse_ports_capture(text, source)
-    cap = _Capture()
-    current: _Device | None = None
+    cap = Capture()
+    current: Device | None = None
     pending_sysimg = ""
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
@@ -165,7 +169,7 @@ def parse_capture(text: str, source: str) -> _Capture:
                 raise TopologyError(
                     f"{where}: device {guid_id} defined twice (first at line {cap.devices[guid_id].line})"
                 )
-            current = _Device(guid_id, kind, " ".join(desc.split()), pending_sysimg, number)
+            current = Device(guid_id, kind, " ".join(desc.split()), pending_sysimg, number)
             cap.devices[guid_id] = current
             pending_sysimg = ""
             continue
@@ -202,25 +206,64 @@ def import_ibnetdiscover(
     nodes: Iterable[str] | None = None,
     node_pattern: str | None = None,
 ) -> ImportResult:
-    """Build a fabric of compute nodes; ``nodes`` and/or ``node_pattern`` (a regex) say which hosts count."""
+    """Build a fabric of compute nodes; ``nodes`` and/or ``node_pattern`` (a regex) say which hosts count.
+
+    The phases, in order: parse; find every host's rails; name unnamed HCAs by
+    system image GUID; keep the compute hosts; group rail leaves; name the rest
+    of the unnamed HCAs by rail; put each host under one leaf group; build the
+    levels above.
+    """
     cap = parse_capture(text, source)
     nodes = list(nodes) if nodes is not None else None
-    skipped: list[str] = []
-    notes: list[str] = []
-    keep = _host_filter(nodes, node_pattern, source)
-
+    out = _Decisions()
     switches = {d.guid_id: d for d in cap.devices.values() if d.kind == "Switch"}
     names = _unique_names({sid: switch_name(d.desc, sid) for sid, d in switches.items()})
 
-    # host -> [(switch id, switch port)], every rail of every named host
-    rails: dict[str, list[tuple[str, int]]] = {}
-    unnamed: list[tuple[_Device, str, int]] = []
+    found = _find_rails(cap, switches, out)
+    still_unnamed = _name_by_system_image(found, names, out)
+    compute = _compute_hosts(found.rails, _host_filter(nodes, node_pattern, source), nodes, names, source, out)
+    leaf_groups = _group_switches({h: {sw for sw, _ in r} for h, r in compute.items()})
+    group_of = {sw: i for i, group in enumerate(leaf_groups) for sw in group}
+    _name_by_rail(still_unnamed, compute, group_of, leaf_groups, names, out)
+    host_leaf = _leaf_of_each_host(compute, group_of, out)
+
+    unused = found.edge_switches - set(group_of)
+    out.skipped.extend(f"switch {names[sw]}: no compute nodes attached" for sw in sorted(unused, key=names.__getitem__))
+    specs = _build_levels(leaf_groups, host_leaf, names, _switch_adjacency(cap, switches), unused, out)
+    for line in out.skipped:
+        log.info("skipped: %s", line)
+    return ImportResult(fabric=build_fabric(specs, source), skipped=tuple(out.skipped), notes=tuple(out.notes))
+
+
+@dataclass
+class _Decisions:
+    """What the phases left out (``skipped``) and decided (``notes``), in the order they did it."""
+
+    skipped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+#: an HCA without a host name, on port ``port`` of switch ``switch``
+_Unnamed = tuple[Device, str, int]
+
+
+@dataclass
+class _Rails:
+    #: host -> [(switch id, switch port)], every rail of every named host
+    rails: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    unnamed: list[_Unnamed] = field(default_factory=list)
+    #: switches with any HCA attached
+    edge_switches: set[str] = field(default_factory=set)
+    host_by_sysimg: dict[str, str] = field(default_factory=dict)
+
+
+def _find_rails(cap: Capture, switches: Mapping[str, Device], out: _Decisions) -> _Rails:
+    """Every HCA's links to switches, by host name where the HCA has one; routers and SHARP nodes left out."""
+    found = _Rails()
     aggregation = 0
-    edge_switches: set[str] = set()
-    host_by_sysimg: dict[str, str] = {}
     for dev in cap.devices.values():
         if dev.kind == "Rt":
-            skipped.append(f"router {dev.guid_id} ({dev.desc or 'no description'}): not a compute node")
+            out.skipped.append(f"router {dev.guid_id} ({dev.desc or 'no description'}): not a compute node")
             continue
         if dev.kind != "Ca":
             continue
@@ -230,84 +273,101 @@ def import_ibnetdiscover(
         attached = [(cap.links[(dev.guid_id, p)], p) for p in sorted(cap.ports.get(dev.guid_id, ()))]
         for (peer, _), port in attached:
             if peer not in switches:
-                skipped.append(f"HCA {dev.guid_id} port {port} ({dev.desc}): linked to {peer}, not to a switch")
+                out.skipped.append(f"HCA {dev.guid_id} port {port} ({dev.desc}): linked to {peer}, not to a switch")
         to_switch = [(peer, peer_port) for (peer, peer_port), _ in attached if peer in switches]
-        edge_switches.update(sw for sw, _ in to_switch)
+        found.edge_switches.update(sw for sw, _ in to_switch)
         if not to_switch:
             continue
         if _UNNAMED_HCA.search(dev.desc):
-            unnamed.extend((dev, sw, port) for sw, port in to_switch)
+            found.unnamed.extend((dev, sw, port) for sw, port in to_switch)
             continue
         host = host_name(dev.desc)
-        rails.setdefault(host, []).extend(to_switch)
+        found.rails.setdefault(host, []).extend(to_switch)
         if dev.sysimg:
-            host_by_sysimg.setdefault(dev.sysimg, host)
+            found.host_by_sysimg.setdefault(dev.sysimg, host)
     if aggregation:
-        skipped.append(f"{aggregation} SHARP aggregation node(s): switch-internal, not compute nodes")
+        out.skipped.append(f"{aggregation} SHARP aggregation node(s): switch-internal, not compute nodes")
+    return found
 
-    still_unnamed: list[tuple[_Device, str, int]] = []
-    for dev, sw, port in unnamed:
-        same_card = host_by_sysimg.get(dev.sysimg) if dev.sysimg else None
-        if same_card is not None:
-            rails[same_card].append((sw, port))
-            notes.append(
-                f"HCA {dev.guid_id} ({dev.desc}) on {names[sw]} port {port}: {same_card} (same system image GUID)"
-            )
-        else:
+
+def _name_by_system_image(found: _Rails, names: Mapping[str, str], out: _Decisions) -> list[_Unnamed]:
+    """Give unnamed HCAs the host of a named HCA on the same card; return those still unnamed."""
+    still_unnamed: list[_Unnamed] = []
+    for dev, sw, port in found.unnamed:
+        same_card = found.host_by_sysimg.get(dev.sysimg) if dev.sysimg else None
+        if same_card is None:
             still_unnamed.append((dev, sw, port))
+            continue
+        found.rails[same_card].append((sw, port))
+        out.notes.append(
+            f"HCA {dev.guid_id} ({dev.desc}) on {names[sw]} port {port}: {same_card} (same system image GUID)"
+        )
+    return still_unnamed
 
+
+def _compute_hosts(
+    rails: Mapping[str, list[tuple[str, int]]],
+    keep: Callable[[str], bool],
+    nodes: list[str] | None,
+    names: Mapping[str, str],
+    source: str,
+    out: _Decisions,
+) -> dict[str, list[tuple[str, int]]]:
+    """The hosts ``keep`` accepts, with their rails; the others, and listed nodes the capture lacks, reported."""
     compute = {h: r for h, r in rails.items() if keep(h)}
     for host in sorted(set(rails) - set(compute)):
         ports = ", ".join(f"{names[sw]}[{p}]" for sw, p in rails[host])
-        skipped.append(f"host {host} on {ports}: not a compute node (outside --nodes / pattern)")
+        out.skipped.append(f"host {host} on {ports}: not a compute node (outside --nodes / pattern)")
     if nodes is not None:
         missing = sorted(set(nodes) - set(compute))
         if missing:
-            skipped.append(f"{len(missing)} listed compute node(s) not in the capture: {hostlists.compress(missing)}")
+            out.skipped.append(
+                f"{len(missing)} listed compute node(s) not in the capture: {hostlists.compress(missing)}"
+            )
     if not compute:
         raise TopologyError(f"{source}: no compute nodes found (check --nodes / --node-pattern)")
+    return compute
 
-    leaf_groups = _group_switches({h: {sw for sw, _ in r} for h, r in compute.items()})
-    group_of = {sw: i for i, group in enumerate(leaf_groups) for sw in group}
 
+def _name_by_rail(
+    still_unnamed: Sequence[_Unnamed],
+    compute: dict[str, list[tuple[str, int]]],
+    group_of: Mapping[str, int],
+    leaf_groups: Sequence[list[str]],
+    names: Mapping[str, str],
+    out: _Decisions,
+) -> None:
+    """Add each unnamed HCA to the one host on the same port of its sibling rail leaves, or report it."""
     host_at = {(sw, port): host for host, host_rails in compute.items() for sw, port in host_rails}
     for dev, sw, port in still_unnamed:
         by_rail = _host_by_rail(sw, port, group_of, leaf_groups, host_at)
         if by_rail is None:
-            skipped.append(
+            out.skipped.append(
                 f"HCA {dev.guid_id} ({dev.desc}) on {names[sw]} port {port}: no host name, and neither its system "
                 "image GUID nor the other rails identify one"
             )
             continue
         compute[by_rail].append((sw, port))
-        notes.append(
+        out.notes.append(
             f"HCA {dev.guid_id} ({dev.desc}) on {names[sw]} port {port}: {by_rail} (same port on the other rails)"
         )
 
+
+def _leaf_of_each_host(
+    compute: Mapping[str, list[tuple[str, int]]], group_of: Mapping[str, int], out: _Decisions
+) -> dict[str, int]:
+    """Host -> the leaf group holding most of its rails (the first on a tie); a split host is noted."""
     host_leaf: dict[str, int] = {}
     for host, host_rails in compute.items():
         votes = Counter(group_of[sw] for sw, _ in host_rails if sw in group_of)
         best = max(votes.values())
         host_leaf[host] = min(g for g, v in votes.items() if v == best)
         if len(votes) > 1:
-            notes.append(
+            out.notes.append(
                 f"{host}: rails on {len(votes)} leaf groups (miscabled?); placed under the one holding "
                 f"{best} of {len(host_rails)} rails"
             )
-
-    leaf_switches = set(group_of)
-    for sw in sorted(edge_switches - leaf_switches, key=lambda s: names[s]):
-        skipped.append(f"switch {names[sw]}: no compute nodes attached")
-
-    adjacency = _switch_adjacency(cap, switches)
-    specs, level_notes, level_skips = _build_levels(
-        leaf_groups, host_leaf, names, adjacency, exclude=edge_switches - leaf_switches
-    )
-    notes.extend(level_notes)
-    skipped.extend(level_skips)
-    for line in skipped:
-        log.info("skipped: %s", line)
-    return ImportResult(fabric=build_fabric(specs, source), skipped=tuple(skipped), notes=tuple(notes))
+    return host_leaf
 
 
 def _host_filter(nodes: Iterable[str] | None, pattern: str | None, source: str) -> Callable[[str], bool]:
@@ -381,7 +441,7 @@ def _host_by_rail(
     return None if already_on_leaf else host
 
 
-def _switch_adjacency(cap: _Capture, switches: Mapping[str, _Device]) -> dict[str, Counter[str]]:
+def _switch_adjacency(cap: Capture, switches: Mapping[str, Device]) -> dict[str, Counter[str]]:
     """Switch -> neighbour switch -> number of links (parallel links counted, each once)."""
     adjacency: dict[str, Counter[str]] = {sw: Counter() for sw in switches}
     for (a, _), (b, _) in cap.links.items():
@@ -418,16 +478,38 @@ def _build_levels(
     names: Mapping[str, str],
     adjacency: Mapping[str, Counter[str]],
     exclude: set[str],
-) -> tuple[list[SwitchSpec], list[str], list[str]]:
+    out: _Decisions,
+) -> list[SwitchSpec]:
     """Logical leaves, then each level above: parallel switches over the same children become one."""
-    specs: list[SwitchSpec] = []
-    notes: list[str] = []
-    skips: list[str] = []
     taken: set[str] = set()
+    specs, frontier = _leaf_specs(leaf_groups, host_leaf, names, taken, out)
+    done = set(frontier) | exclude
+    level = 1
+    while True:
+        candidates = {
+            sw: Counter({frontier[n]: c for n, c in adjacency[sw].items() if n in frontier})
+            for sw in adjacency
+            if sw not in done and any(n in frontier for n in adjacency[sw])
+        }
+        if not candidates:
+            return specs
+        done |= set(candidates)
+        frontier = _upper_level(candidates, level, specs, names, taken, out)
+        level += 1
+
+
+def _leaf_specs(
+    leaf_groups: Sequence[list[str]],
+    host_leaf: Mapping[str, int],
+    names: Mapping[str, str],
+    taken: set[str],
+    out: _Decisions,
+) -> tuple[list[SwitchSpec], dict[str, str]]:
+    """One logical leaf per leaf group with hosts, and the map from each physical leaf to its logical one."""
+    specs: list[SwitchSpec] = []
     hosts_of: dict[int, list[str]] = {}
     for host, g in host_leaf.items():
         hosts_of.setdefault(g, []).append(host)
-    #: physical switch of the level just built -> the logical switch it belongs to
     frontier: dict[str, str] = {}
     for g, members in enumerate(leaf_groups):
         hosts = hosts_of.get(g)
@@ -440,59 +522,61 @@ def _build_levels(
                 f"logical leaf {name}: {len(members)} rail leaves serving the same {len(hosts)} nodes "
                 f"({hostlists.compress(names[m] for m in members)}); Slurm needs one leaf per node"
             )
-            notes.append(comment)
+            out.notes.append(comment)
         specs.append(SwitchSpec(name=name, nodes=tuple(hostlists.natural_sorted(hosts)), comment=comment))
         frontier.update(dict.fromkeys(members, name))
+    return specs, frontier
 
-    done = set(frontier) | exclude
-    level = 1
-    while True:
-        position = {spec.name: i for i, spec in enumerate(specs)}
-        candidates = {
-            sw: Counter({frontier[n]: c for n, c in adjacency[sw].items() if n in frontier})
-            for sw in adjacency
-            if sw not in done and any(n in frontier for n in adjacency[sw])
-        }
-        if not candidates:
-            break
-        done |= set(candidates)
-        groups = _group_switches(_invert(candidates))
-        links = []
-        for group in groups:
-            total: Counter[str] = Counter()
-            for sw in group:
-                total.update(candidates[sw])
-            links.append(total)
-        parent_of = {
-            child: min(
-                (i for i in range(len(groups)) if child in links[i]),
-                key=lambda i: (-len(links[i]), -links[i][child], i),
+
+def _upper_level(
+    candidates: Mapping[str, Counter[str]],
+    level: int,
+    specs: list[SwitchSpec],
+    names: Mapping[str, str],
+    taken: set[str],
+    out: _Decisions,
+) -> dict[str, str]:
+    """Append the logical switches over the level below (``candidates``: switch -> links to its children).
+
+    Each child goes under the group with the most children, then the most links
+    to it. Returns the new frontier: physical switch -> its logical switch.
+    """
+    position = {spec.name: i for i, spec in enumerate(specs)}
+    groups = _group_switches(_invert(candidates))
+    links = []
+    for group in groups:
+        total: Counter[str] = Counter()
+        for sw in group:
+            total.update(candidates[sw])
+        links.append(total)
+    parent_of = {
+        child: min(
+            (i for i in range(len(groups)) if child in links[i]),
+            key=lambda i: (-len(links[i]), -links[i][child], i),
+        )
+        for child in {c for total in links for c in total}
+    }
+    frontier: dict[str, str] = {}
+    for i, group in enumerate(groups):
+        children = sorted((c for c in links[i] if parent_of[c] == i), key=lambda c: position[c])
+        if not children:
+            out.skipped.extend(
+                f"switch {names[sw]}: its links below all lead to switches kept under others" for sw in group
             )
-            for child in {c for total in links for c in total}
-        }
-        next_frontier: dict[str, str] = {}
-        for i, group in enumerate(groups):
-            children = sorted((c for c in links[i] if parent_of[c] == i), key=lambda c: position[c])
-            if not children:
-                skips.extend(
-                    f"switch {names[sw]}: its links below all lead to switches kept under others" for sw in group
-                )
-                continue
-            if len(children) == 1:
-                # a switch over a single child adds a level without joining anything: pass the child up
-                next_frontier.update(dict.fromkeys(group, children[0]))
-                continue
-            name = _logical_name(group, names, f"level{level}group{i + 1}", taken)
-            comment = ""
-            if len(group) > 1:
-                parallel = hostlists.compress(names[s] for s in group)
-                comment = f"logical switch {name}: {len(group)} parallel switches ({parallel})"
-                notes.append(comment)
-            specs.append(SwitchSpec(name=name, children=tuple(children), comment=comment))
-            next_frontier.update(dict.fromkeys(group, name))
-        frontier = next_frontier
-        level += 1
-    return specs, notes, skips
+            continue
+        if len(children) == 1:
+            # a switch over a single child adds a level without joining anything: pass the child up
+            frontier.update(dict.fromkeys(group, children[0]))
+            continue
+        name = _logical_name(group, names, f"level{level}group{i + 1}", taken)
+        comment = ""
+        if len(group) > 1:
+            parallel = hostlists.compress(names[s] for s in group)
+            comment = f"logical switch {name}: {len(group)} parallel switches ({parallel})"
+            out.notes.append(comment)
+        specs.append(SwitchSpec(name=name, children=tuple(children), comment=comment))
+        frontier.update(dict.fromkeys(group, name))
+    return frontier
 
 
 def _invert(children_of: Mapping[str, Counter[str]]) -> dict[str, set[str]]:
