@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from air_hpc.config import load_job
+from air_hpc.config.load import PRESETS_DIR
 from air_hpc.errors import AirHpcError
 from air_hpc.launch.control import run_status, watch_run
 from air_hpc.launch.submit import submit
@@ -28,8 +29,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parents[1]
-DEMO_JOB = REPO / "configs" / "jobs" / "gpt-tiny-testbed.yaml"
+#: Shipped with the presets, so the demo runs from a wheel too (it overrides every path the job file sets).
+DEMO_JOB = PRESETS_DIR / "jobs" / "gpt-tiny-testbed.yaml"
 
 
 @dataclass(frozen=True)

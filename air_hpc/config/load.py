@@ -1,13 +1,16 @@
 """Load a job file: compose named profiles, apply ``--set`` overrides, validate.
 
 Errors name the file and line where the YAML gives one, the dotted key, and
-for unknown keys the closest valid one.
+for unknown keys the closest valid one. A profile named in a job file is looked up
+in the ``configs/`` tree the job file sits in, then in the presets shipped with the
+package, so a job file anywhere can name them.
 """
 
 import difflib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from types import UnionType
 from typing import Any, Union, get_args, get_origin
@@ -19,7 +22,9 @@ from air_hpc.config.models import JobConfig
 from air_hpc.config.rules import Problem, RulesBroken
 from air_hpc.errors import ConfigError
 
-REPO_CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+#: The shipped presets: ``air_hpc/presets`` links to ``configs/`` in a checkout and is a copy of it
+#: in a wheel; a package installed by pip always lies on disk, so this is a real directory.
+PRESETS_DIR = Path(str(resources.files("air_hpc") / "presets")).resolve()
 
 #: Job keys that may name a profile file instead of holding a mapping.
 PROFILE_KINDS = {"cluster": "clusters", "hardware": "hardware", "model": "models"}
@@ -126,26 +131,24 @@ def _options(annotation: Any) -> tuple[Any, ...]:
 
 
 def _config_dirs(job_path: Path) -> list[Path]:
-    dirs = [job_path.resolve().parent.parent, REPO_CONFIG_DIR]
+    dirs = [job_path.resolve().parent.parent, PRESETS_DIR]
     return list(dict.fromkeys(dirs))
 
 
 def _load_profile(kind: str, name: str, job_path: Path, source: Source) -> dict[str, Any]:
     subdir = PROFILE_KINDS[kind]
-    available: set[str] = set()
-    for base in _config_dirs(job_path):
-        candidate = base / subdir / f"{name}.yaml"
+    searched = [base / subdir for base in _config_dirs(job_path) if (base / subdir).is_dir()]
+    for directory in searched:
+        candidate = directory / f"{name}.yaml"
         if candidate.is_file():
             data = read_yaml(candidate, source, prefix=f"{kind}.")
             data.setdefault("name", name)
             return data
-        if (base / subdir).is_dir():
-            available.update(p.stem for p in (base / subdir).glob("*.yaml"))
-    hint = _suggest(name, available)
+    available = {p.stem for directory in searched for p in directory.glob("*.yaml")}
     where = source.where(kind) or str(job_path)
     raise ConfigError(
-        f"{where}: {kind} profile {name!r} not found in configs/{subdir}/{hint}"
-        f" (available: {', '.join(sorted(available)) or 'none'})"
+        f"{where}: {kind} profile {name!r} not found{_suggest(name, available)}"
+        f" (available: {', '.join(sorted(available)) or 'none'}; in {' and '.join(map(str, searched))})"
     )
 
 
