@@ -19,10 +19,14 @@ from air_hpc.errors import AirHpcError
 from air_hpc.launch.control import run_status, watch_run
 from air_hpc.launch.submit import submit
 from air_hpc.launch.waiting import describe_failure, wait_deadline_s, wait_slurm
+from air_hpc.observe.plot import plot_run
+from air_hpc.observe.records import load_records
+from air_hpc.observe.report import build_report, format_report
 from air_hpc.rundir import RunDir, read_jsonl
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.jobs import JobStatus
 from air_hpc.testbed import Testbed
+from air_hpc.train import data
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -45,8 +49,6 @@ def ensure_corpus(path: Path, echo: Callable[[str], None]) -> None:
     """Build the demo corpus from the project's own text once; the same tree gives the same file."""
     if path.exists():
         return
-    from air_hpc.train import data
-
     info = data.prepare(data.project_sources(), path, data.ByteTokenizer())
     echo(f"corpus: {path} ({info.tokens} tokens, {info.documents} documents)")
 
@@ -118,10 +120,6 @@ def run_demo(
             echo(f"  {event['kind']}: {details}")
     if final.state.value != "COMPLETED":
         raise AirHpcError(describe_failure(final) + f"; see {run_dir.logs}")
-
-    from air_hpc.observe.plot import plot_run
-    from air_hpc.observe.records import load_records
-    from air_hpc.observe.report import build_report, format_report
 
     records = load_records(run_dir)
     report = build_report(records)
