@@ -1,4 +1,5 @@
-"""Presets by name from a job file anywhere: the package ships them; an unknown name is one line, exit 2."""
+"""Package data: every batch template is found; presets by name from a job file anywhere; an unknown name is one
+line, exit 2."""
 
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import yaml
 from air_hpc.cli.main import main
 from air_hpc.config import load_job
 from air_hpc.config.load import PRESETS_DIR
+from air_hpc.render.script import _environment
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -19,6 +21,12 @@ def write_job(directory: Path, cluster: str = "testbed") -> Path:
     path = directory / "job.yaml"
     path.write_text(PRESETS_ONLY_JOB.read_text().replace("cluster: testbed", f"cluster: {cluster}"))
     return path
+
+
+def test_every_file_in_sbatch_is_a_template_by_name() -> None:
+    """Named includes split out of the job template are found without listing them anywhere."""
+    files = sorted(p.relative_to(REPO / "sbatch").as_posix() for p in (REPO / "sbatch").rglob("*") if p.is_file())
+    assert sorted(_environment().list_templates()) == files
 
 
 def test_presets_are_the_checkouts_configs() -> None:
