@@ -2,6 +2,6 @@
 
 ``client`` is the only place that runs Slurm's commands (:class:`~air_hpc.slurm.client.SlurmClient`;
 ``fake`` stands in for it in unit tests); ``jobs``, ``nodes`` and ``cluster`` parse what they print;
-``hostlist`` is the hostlist syntax; ``controller`` probes
-the controller's port. Importing this package imports none of them, so the pure parts stay light.
+``hostlist`` is the hostlist syntax; ``env`` reads a job's ``SLURM_*`` once; ``controller``
+probes the controller's port. Importing this package imports none of them, so the pure parts stay light.
 """
