@@ -5,20 +5,17 @@ Both only read from Slurm (``scontrol show``, ``sinfo``, ``sacct``, ``sacctmgr``
 
 import getpass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
 from air_hpc.cli.options import echo_json, json_option, set_option, slurm_client
+from air_hpc.config import load_job
+from air_hpc.launch.cluster_profile import check_name, check_target, draft_profile, render_profile, write_profile
+from air_hpc.launch.doctor import Finding, cluster_findings, job_findings
+from air_hpc.slurm.cluster import ClusterFacts, probe_cluster
 
-if TYPE_CHECKING:
-    from air_hpc.launch.doctor import Finding
-    from air_hpc.slurm.cluster import ClusterFacts
 
-
-def _facts() -> "ClusterFacts":
-    from air_hpc.slurm.cluster import probe_cluster
-
+def _facts() -> ClusterFacts:
     return probe_cluster(slurm_client(), getpass.getuser())
 
 
@@ -26,7 +23,7 @@ def _limit(value: int | None, unit: str = "") -> str:
     return "unlimited" if value is None else f"{value}{unit}"
 
 
-def _describe(facts: "ClusterFacts") -> list[str]:
+def _describe(facts: ClusterFacts) -> list[str]:
     s, t, a = facts.settings, facts.topology, facts.accounting
     up = ", ".join(f"{role} {state}" for role, state in s.controllers) or "controller status not shown"
     requeue = "JobRequeue=1" if s.job_requeue else "JobRequeue=0 (our script asks --requeue itself)"
@@ -72,12 +69,8 @@ def doctor(job_file: str | None, overrides: tuple[str, ...], as_json: bool) -> N
 
     Read-only. Exits 1 when JOB_FILE has an error finding.
     """
-    from air_hpc.launch.doctor import cluster_findings, job_findings
-
     job = None
     if job_file:
-        from air_hpc.config import load_job
-
         job = load_job(job_file, overrides)
     facts = _facts()
     part = facts.partition(job.cluster.partition) if job else None
@@ -123,8 +116,6 @@ def cluster() -> None:
 @click.option("--force", is_flag=True, help="Replace an existing file.")
 def init(name: str, output: Path | None, partition: str | None, account: str | None, force: bool) -> None:
     """Draft configs/clusters/NAME.yaml from what `air-hpc doctor` finds here, for you to review."""
-    from air_hpc.launch.cluster_profile import check_name, check_target, draft_profile, render_profile, write_profile
-
     path = output or Path("configs") / "clusters" / f"{check_name(name)}.yaml"
     check_target(path, force)
     facts = _facts()

@@ -6,8 +6,20 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.console import Console
+from rich.tree import Tree
 
-from air_hpc.cli.options import echo_json, json_option
+from air_hpc.cli.options import echo_json, json_option, slurm_client
+from air_hpc.errors import InputError, TopologyError
+from air_hpc.slurm import hostlist
+from air_hpc.slurm.nodes import fetch_node_states
+from air_hpc.topology import block_build, files, topoyaml, treeconf
+from air_hpc.topology.block_build import BuiltBlocks
+from air_hpc.topology.block_select import select_blocks
+from air_hpc.topology.blocks import BlockModel
+from air_hpc.topology.fabric import Fabric
+from air_hpc.topology.ibnetdiscover import import_ibnetdiscover
+from air_hpc.topology.select import select_nodes
 
 log = logging.getLogger(__name__)
 
@@ -18,8 +30,6 @@ def topo() -> None:
 
 
 def _read(path: str, what: str) -> str:
-    from air_hpc.errors import InputError
-
     try:
         return Path(path).read_text()
     except OSError as exc:
@@ -61,11 +71,6 @@ def import_(
     output: str | None,
 ) -> None:
     """Turn an ibnetdiscover capture and/or NVLink domains into a topology file Slurm accepts; skips on stderr."""
-    from air_hpc.errors import InputError
-    from air_hpc.slurm import hostlist
-    from air_hpc.topology import topoyaml, treeconf
-    from air_hpc.topology.ibnetdiscover import import_ibnetdiscover
-
     if capture is None and nvlink_csv is None:
         raise InputError("topo import: give --ibnetdiscover FILE, --nvlink-csv FILE (block or yaml), or both")
     sizes = _block_sizes(block_sizes) if block_sizes is not None else None
@@ -110,23 +115,21 @@ def import_(
 
 
 def _block_sizes(text: str) -> tuple[int, ...]:
-    from air_hpc.errors import InputError
-    from air_hpc.topology.treeconf import check_block_sizes
-
     try:
         sizes = tuple(int(v) for v in text.split(","))
     except ValueError:
         raise InputError(f"--block-sizes={text!r}: expected comma-separated node counts, e.g. 18,36,72") from None
-    check_block_sizes(sizes, "--block-sizes")
+    treeconf.check_block_sizes(sizes, "--block-sizes")
     return sizes
 
 
-def _blocks(fabric: Any, nvlink_csv: str | None, wanted: list[str] | None, sizes: tuple[int, ...] | None) -> Any:
+def _blocks(
+    fabric: Fabric | None, nvlink_csv: str | None, wanted: list[str] | None, sizes: tuple[int, ...] | None
+) -> BuiltBlocks:
     """Blocks from NVLink domains (ordered by the fabric when there is one), else from IB leaves with a warning."""
-    from air_hpc.slurm import hostlist
-    from air_hpc.topology import block_build
-
     if nvlink_csv is None:
+        if fabric is None:
+            raise InputError("topo import: blocks need --nvlink-csv FILE or --ibnetdiscover FILE (IB leaves)")
         click.echo(
             "warning: no --nvlink-csv: one block per IB leaf switch; NVLink domains are unknown, so blocks may "
             "not match them",
@@ -148,8 +151,6 @@ def _blocks(fabric: Any, nvlink_csv: str | None, wanted: list[str] | None, sizes
 
 
 def _unavailable(unavailable: str | None, unavailable_file: str | None) -> set[str]:
-    from air_hpc.slurm import hostlist
-
     names: set[str] = set()
     if unavailable:
         names.update(hostlist.expand(unavailable, "--unavailable"))
@@ -164,10 +165,7 @@ def _unavailable(unavailable: str | None, unavailable_file: str | None) -> set[s
 def _available(fabric_nodes: tuple[str, ...], unavailable: set[str], from_slurm: bool) -> set[str]:
     available = set(fabric_nodes) - unavailable
     if from_slurm:
-        from air_hpc.slurm.client import SlurmClient
-        from air_hpc.slurm.nodes import fetch_node_states
-
-        states = fetch_node_states(SlurmClient())
+        states = fetch_node_states(slurm_client())
         unknown = set(fabric_nodes) - states.all_nodes
         if unknown:
             log.warning("%d topology node(s) unknown to Slurm, treated as unavailable", len(unknown))
@@ -193,12 +191,6 @@ def _with_unavailable(func: Callable[..., Any]) -> Callable[..., Any]:
 @_with_unavailable
 def show(topology_file: str, unavailable: str | None, unavailable_file: str | None, from_slurm: bool) -> None:
     """Show the switch tree in FILE with free/used node counts."""
-    from rich.console import Console
-    from rich.tree import Tree
-
-    from air_hpc.slurm import hostlist
-    from air_hpc.topology import files
-
     fabric = files.read_any(_read(topology_file, "topology"), topology_file)
     free = _available(fabric.nodes, _unavailable(unavailable, unavailable_file), from_slurm)
 
@@ -246,10 +238,6 @@ def select_(
     as_json: bool,
 ) -> None:
     """Pick COUNT free nodes: fewest switches on a tree, Slurm's block rules on a block topology."""
-    from air_hpc.errors import TopologyError
-    from air_hpc.topology import files
-    from air_hpc.topology.fabric import Fabric
-
     topology = files.read_topology(_read(topology_file, "--topology"), topology_file)
     if isinstance(topology, Fabric):
         if segment is not None:
@@ -260,8 +248,6 @@ def select_(
             topology, _available(topology.nodes, _unavailable(unavailable, unavailable_file), from_slurm), count
         )
     else:
-        from air_hpc.topology.blocks import BlockModel
-
         model = BlockModel(topology)
         nodes = tuple(model.block_of)
         data = _select_block(
@@ -287,9 +273,7 @@ def select_(
     click.echo(f"sbatch: {' '.join(data['sbatch'])}")
 
 
-def _select_tree(fabric: Any, available: set[str], count: int) -> dict[str, Any]:
-    from air_hpc.topology.select import select_nodes
-
+def _select_tree(fabric: Fabric, available: set[str], count: int) -> dict[str, Any]:
     sel = select_nodes(fabric, available, count)
     return {
         "plugin": "topology/tree",
@@ -305,10 +289,7 @@ def _select_tree(fabric: Any, available: set[str], count: int) -> dict[str, Any]
     }
 
 
-def _select_block(model: Any, available: set[str], count: int, segment: int | None) -> dict[str, Any]:
-    from air_hpc.slurm import hostlist
-    from air_hpc.topology.block_select import select_blocks
-
+def _select_block(model: BlockModel, available: set[str], count: int, segment: int | None) -> dict[str, Any]:
     sel = select_blocks(model, available, count, segment)
     return {
         "plugin": "topology/block",
