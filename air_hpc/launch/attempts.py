@@ -5,7 +5,9 @@ written to submissions.jsonl first with a unique token that goes to Slurm as
 ``--comment``; when the answer is lost, any later command (``status``,
 ``cancel``, the next ``submit``) asks Slurm for that token and records what it
 finds: the job id, or that the attempt never reached the queue. Until an
-attempt is settled, ``submit`` refuses to submit the run again.
+attempt is settled, ``submit`` refuses to submit the run again, whatever the
+executor. A job found this way becomes the run's owner (:mod:`air_hpc.launch.owner`),
+so its ranks pass the fence and the owner check refuses the next submit while it runs.
 """
 
 import getpass
@@ -14,7 +16,7 @@ import time
 import uuid
 
 from air_hpc.errors import SlurmError, SlurmUnreachableError
-from air_hpc.launch.owner import RunBusyError
+from air_hpc.launch.owner import Owner, adopt
 from air_hpc.launch.runs import (
     Attempt,
     pending_attempts,
@@ -36,10 +38,10 @@ def _when(time_s: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time_s))
 
 
-def settle(run_dir: RunDir, client: SlurmClient, now_s: float | None = None) -> list[str]:
-    """Record the outcome of every pending attempt; return the job ids found; raise when one cannot be told yet."""
+def settle(run_dir: RunDir, client: SlurmClient, now_s: float | None = None) -> list[Owner]:
+    """Record the outcome of every pending attempt; return the jobs found; raise when one cannot be told yet."""
     pending = pending_attempts(run_dir)
-    found: list[str] = []
+    found: list[Owner] = []
     if not pending:
         return found
     known = {record.job_id for record in submissions(run_dir)}
@@ -56,7 +58,7 @@ def settle(run_dir: RunDir, client: SlurmClient, now_s: float | None = None) -> 
             log.warning("the submit of %s did queue job %s; recorded it", _when(attempt.time_s), job_id)
             record_submission(run_dir, job_id, attempt.executor, now_s=attempt.time_s, token=attempt.token)
             known.add(job_id)
-            found.append(job_id)
+            found.append(Owner(job_id, attempt.executor, attempt.time_s))
             continue
         wait_s = attempt.time_s + SETTLE_GRACE_S - (now_s or time.time())
         if wait_s > 0:
@@ -68,18 +70,28 @@ def settle(run_dir: RunDir, client: SlurmClient, now_s: float | None = None) -> 
     return found
 
 
-def sbatch_recorded(client: SlurmClient, run_dir: RunDir, job_name: str) -> str:
-    """Submit the run's script once: settle earlier attempts, record this one, sbatch it, record its job id."""
+def reconcile(run_dir: RunDir, client: SlurmClient) -> None:
+    """Settle pending attempts under the run's owner lock; a job found becomes the owner (``status``, ``cancel``)."""
+    if pending_attempts(run_dir):
+        adopt(run_dir, lambda: settle(run_dir, client))
+
+
+def recorded_jobs(run_dir: RunDir, client: SlurmClient) -> list[Owner]:
+    """The jobs the run's records know that may be newer than its owner file (what ``submit`` checks first).
+
+    The attempts settled now, and the latest submission (a submit killed between
+    recording its job and claiming the run leaves only that record).
+    """
     found = settle(run_dir, client)
-    latest = [r.job_id for r in submissions(run_dir) if r.executor == "slurm"][-1:]
-    for job_id in dict.fromkeys([*found, *latest]):
-        # A job found through its comment never became the run's owner, so the owner lock cannot see it.
-        status = client.job_status(job_id)
-        if status is not None and not status.state.terminal:
-            raise RunBusyError(
-                f"{run_dir.path}: job {job_id} of this run is {status.state}; nothing submitted "
-                f"(air-hpc cancel {run_dir.path} stops it)"
-            )
+    latest = [Owner(r.job_id, r.executor, r.time_s, r.pid_started_s) for r in submissions(run_dir)[-1:]]
+    return [*found, *latest]
+
+
+def sbatch_recorded(client: SlurmClient, run_dir: RunDir, job_name: str) -> str:
+    """Submit the run's script once: record the attempt, sbatch it, record its job id.
+
+    Earlier attempts are settled before, under the owner lock (:func:`recorded_jobs`).
+    """
     attempt = Attempt(f"air-hpc-{uuid.uuid4().hex}", job_name, "slurm", time.time())
     record_attempt(run_dir, attempt)
     try:

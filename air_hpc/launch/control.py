@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from air_hpc.errors import UserError
 from air_hpc.health.badnodes import read_bad_nodes
-from air_hpc.launch.attempts import settle
+from air_hpc.launch.attempts import reconcile
 from air_hpc.launch.local_job import cancel_local, local_job_status
 from air_hpc.launch.runs import SubmissionRecord, latest_submission, record_cancel
 from air_hpc.launch.waiting import poll_until
@@ -58,7 +58,7 @@ class RunStatus:
 
 
 def run_status(run_dir: RunDir, client: SlurmClient) -> RunStatus:
-    settle(run_dir, client)
+    reconcile(run_dir, client)
     record = latest_submission(run_dir)
     if record.executor == "local":
         job = local_job_status(run_dir, record)
@@ -114,7 +114,7 @@ def check_rank(run_dir: RunDir, rank: int | None) -> None:
 
 def cancel_run(run_dir: RunDir, client: SlurmClient) -> tuple[SubmissionRecord, bool]:
     """Stop the run's current job; False when a local job had already ended (nothing was signalled)."""
-    settle(run_dir, client)
+    reconcile(run_dir, client)
     record = latest_submission(run_dir)
     if record.executor != "local":
         client.scancel(record.job_id)

@@ -6,6 +6,10 @@ only while holding ``.owner.lock`` (``flock``) and only when the job it names ha
 :func:`fence` (every rank, before it writes anything) stops a rank whose job is not the owner.
 The rank takes the lock shared, so a job that starts while its own submit is still recording
 it waits for that record instead of finding the previous owner.
+
+This is the one place a submit is refused for a live job: a job the run's records know but
+the owner file does not (an ``sbatch`` whose answer was lost, found later by its comment:
+:mod:`air_hpc.launch.attempts`) is first made the owner (:func:`adopt`), then checked like any owner.
 """
 
 import contextlib
@@ -14,13 +18,13 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
-
-import psutil
+from typing import Protocol
 
 from air_hpc.digits import ascii_int
 from air_hpc.errors import AirHpcError, UserError
+from air_hpc.launch.local_job import ProcessIdentity
 from air_hpc.rundir import RunDir
 from air_hpc.slurm.env import SlurmEnv
 
@@ -48,11 +52,7 @@ class Owner:
         pid = ascii_int(self.job_id)
         if self.pid_start_s is None or pid is None:
             return False
-        try:
-            proc = psutil.Process(pid)
-            return abs(proc.create_time() - self.pid_start_s) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
+        return ProcessIdentity(pid, self.pid_start_s).process() is not None
 
 
 def read_owner(run_dir: RunDir) -> Owner | None:
@@ -84,14 +84,50 @@ def _locked(run_dir: RunDir, exclusive: bool) -> Iterator[None]:
         os.close(fd)
 
 
-@contextlib.contextmanager
-def claim(run_dir: RunDir, is_live: Callable[[Owner], bool]) -> Iterator[Callable[[str, str], Owner]]:
-    """Hold the run's lock while submitting; refuse if a live job owns it; yields ``record(job_id, executor)``.
+class RecordOwner(Protocol):
+    """What :func:`claim` yields: record the submitted job as the owner (a local job with its controller)."""
 
-    ``is_live`` decides whether the recorded owner still runs (Slurm: not in a final state;
-    local: its controller process). An ended owner's claim is stale and simply taken over.
+    def __call__(self, job_id: str, executor: str, process: ProcessIdentity | None = None) -> Owner: ...
+
+
+def _write(run_dir: RunDir, owner: Owner) -> None:
+    tmp = run_dir.owner.with_name(f".{run_dir.owner.name}.tmp")
+    with open(tmp, "w") as out:
+        out.write(json.dumps(asdict(owner)) + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, run_dir.owner)
+
+
+def _succeed(run_dir: RunDir, found: Sequence[Owner]) -> None:
+    """The lock held: each found job newer than the recorded owner becomes the owner, oldest first."""
+    current = read_owner(run_dir)
+    for owner in sorted(found, key=lambda o: o.time_s):
+        if current is None or (owner.job_id != current.job_id and owner.time_s > current.time_s):
+            log.warning("%s: job %s owns the run (recorded, but never made its owner)", run_dir.path, owner.job_id)
+            _write(run_dir, owner)
+            current = owner
+
+
+def adopt(run_dir: RunDir, find: Callable[[], Sequence[Owner]]) -> None:
+    """Under the run's lock, make the jobs ``find`` returns the owner where they are newer than it (status, cancel)."""
+    with _locked(run_dir, exclusive=True):
+        _succeed(run_dir, find())
+
+
+@contextlib.contextmanager
+def claim(
+    run_dir: RunDir, is_live: Callable[[Owner], bool], find: Callable[[], Sequence[Owner]] = tuple
+) -> Iterator[RecordOwner]:
+    """Hold the run's lock while submitting; refuse if a live job owns it; yields ``record(job_id, executor, process)``.
+
+    ``find`` runs first, under the lock: the jobs the run's records know that may be newer than
+    the owner file (see :func:`adopt`). ``is_live`` decides whether the owner still runs (Slurm:
+    not in a final state; local: its controller process). An ended owner's claim is stale and simply
+    taken over. ``process`` is a local job's controller, as recorded in submissions.jsonl.
     """
     with _locked(run_dir, exclusive=True):
+        _succeed(run_dir, find())
         current = read_owner(run_dir)
         if current is not None and is_live(current):
             raise RunBusyError(
@@ -101,19 +137,9 @@ def claim(run_dir: RunDir, is_live: Callable[[Owner], bool]) -> Iterator[Callabl
         if current is not None:
             log.info("taking over %s from job %s, which has ended", run_dir.path, current.job_id)
 
-        def record(job_id: str, executor: str) -> Owner:
-            start = None
-            pid = ascii_int(job_id)
-            if executor == "local" and pid is not None:
-                with contextlib.suppress(psutil.Error):
-                    start = psutil.Process(pid).create_time()
-            owner = Owner(job_id, executor, time.time(), start)
-            tmp = run_dir.owner.with_name(f".{run_dir.owner.name}.tmp")
-            with open(tmp, "w") as out:
-                out.write(json.dumps(asdict(owner)) + "\n")
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, run_dir.owner)
+        def record(job_id: str, executor: str, process: ProcessIdentity | None = None) -> Owner:
+            owner = Owner(job_id, executor, time.time(), None if process is None else process.started_s)
+            _write(run_dir, owner)
             return owner
 
         yield record

@@ -19,6 +19,7 @@ from typing import Any
 from air_hpc.config.models import JobConfig
 from air_hpc.errors import AirHpcError, CheckpointError, ConfigError, SlurmUnreachableError
 from air_hpc.exitcodes import ExitCode
+from air_hpc.launch.attempts import recorded_jobs
 from air_hpc.launch.executors import EntryFactory, default_entry, make_executor
 from air_hpc.launch.owner import Owner, claim
 from air_hpc.launch.plan import Plan, plan
@@ -76,7 +77,8 @@ def submit(
     """Validate, record and submit; returns once the job has an id (:mod:`air_hpc.launch.waiting` follows it).
 
     Refuses a run that is complete (:class:`RunComplete`, unless ``force``) and a run directory
-    that another live job owns (:class:`~air_hpc.launch.owner.RunBusyError`).
+    that another live job owns (:class:`~air_hpc.launch.owner.RunBusyError`), including a job
+    whose earlier submit lost sbatch's answer (settled first, :func:`~air_hpc.launch.attempts.recorded_jobs`).
     """
     if executor == "local" and job.resources.nodes != 1:
         raise ConfigError(
@@ -103,10 +105,11 @@ def submit(
     for note in plan_.notes:
         log.info("%s", note)
     backend = make_executor(executor, client, entry)
-    with claim(RunDir.of(job), lambda owner: owner_is_live(owner, client)) as take_ownership:
+    run = RunDir.of(job)
+    with claim(run, lambda owner: owner_is_live(owner, client), lambda: recorded_jobs(run, client)) as take_ownership:
         run_dir = write_run(plan_)
         launched = backend.launch(plan_, run_dir)
-        take_ownership(launched.job_id, executor)
+        take_ownership(launched.job_id, executor, launched.process)
     log.info("submitted job %s (%s) for run %s", launched.job_id, executor, run_dir.path)
     return Submission(launched.job_id, executor, run_dir.path, plan_, launched.handle)
 

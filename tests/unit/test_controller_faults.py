@@ -13,7 +13,7 @@ from air_hpc.config import load_job
 from air_hpc.errors import ConfigError, SlurmError, SlurmUnreachableError
 from air_hpc.launch.attempts import SETTLE_GRACE_S, settle
 from air_hpc.launch.control import cancel_run, run_status
-from air_hpc.launch.owner import RunBusyError
+from air_hpc.launch.owner import NotOwnerError, RunBusyError, fence, read_owner
 from air_hpc.launch.runs import latest_submission, pending_attempts, submissions
 from air_hpc.launch.submit import submit
 from air_hpc.rundir import RunDir
@@ -140,13 +140,13 @@ def test_a_lost_sbatch_answer_is_found_by_its_comment_and_never_submitted_twice(
         submit(job, "slurm", fake, step_command=["true"])
     assert len(fake.jobs) == 1, "not submitted again while the first attempt is unsettled"
     fake.reachable = True
-    with pytest.raises(RunBusyError, match=f"job {queued.job_id} of this run is PENDING; nothing submitted"):
+    with pytest.raises(RunBusyError, match=f"job {queued.job_id} \\(slurm\\) still owns this run directory"):
         submit(job, "slurm", fake, step_command=["true"])
     assert len(fake.jobs) == 1, "the found job is live: not submitted again"
     fake.start(queued.job_id, "n[1-2]")
     status = run_status(run_dir, fake)
     assert (status.submission.job_id, status.job.state) == (queued.job_id, JobState.RUNNING)
-    with pytest.raises(RunBusyError, match=f"job {queued.job_id} of this run is RUNNING"):
+    with pytest.raises(RunBusyError, match=f"job {queued.job_id} \\(slurm\\) still owns this run directory"):
         submit(job, "slurm", fake, step_command=["true"])
     record, cancelled = cancel_run(run_dir, fake)
     assert (record.job_id, cancelled) == (queued.job_id, True)
@@ -185,3 +185,41 @@ def test_an_attempt_that_never_reached_slurm_is_settled_after_the_grace(tmp_path
     assert pending_attempts(run_dir) == [] and submissions(run_dir) == []
     fake.lose_sbatch_reply = False
     assert submit(job, "slurm", fake, step_command=["true"]).job_id in fake.jobs
+
+
+def test_a_job_found_by_its_comment_becomes_the_owner_so_its_ranks_pass_the_fence(tmp_path: Path) -> None:
+    fake = FakeSlurm()
+    job = job_in(tmp_path)
+    run_dir = RunDir.of(job)
+    first = submit(job, "slurm", fake, step_command=["true"]).job_id
+    fake.finish(first)  # ended: the next submit takes the run over
+    fake.lose_sbatch_reply = True
+    with pytest.raises(SlurmUnreachableError):
+        submit(job, "slurm", fake, step_command=["true"])
+    fake.lose_sbatch_reply = False
+    fake.reachable = True  # the controller answers again
+    (found,) = (j for j in fake.jobs.values() if j.job_id != first)
+    run_status(run_dir, fake)  # any later command settles the attempt
+    owner = read_owner(run_dir)
+    assert owner is not None and (owner.job_id, owner.executor) == (found.job_id, "slurm")
+    fence(run_dir, {"SLURM_JOB_ID": found.job_id})  # the found job's ranks may write
+    with pytest.raises(NotOwnerError):
+        fence(run_dir, {"SLURM_JOB_ID": first})
+    with pytest.raises(RunBusyError, match=f"job {found.job_id} \\(slurm\\) still owns this run directory"):
+        submit(job, "slurm", fake, step_command=["true"])
+
+
+def test_an_unsettled_attempt_refuses_every_executor(tmp_path: Path) -> None:
+    """One refusal path: a local submit must not start beside a Slurm job whose sbatch answer was lost."""
+    fake = FakeSlurm()
+    fake.lose_sbatch_reply = True
+    job = job_in(tmp_path)
+    with pytest.raises(SlurmUnreachableError):
+        submit(job, "slurm", fake, step_command=["true"])
+    (queued,) = fake.jobs.values()
+    fake.lose_sbatch_reply = False
+    fake.reachable = True
+    local = job.model_copy(update={"resources": job.resources.model_copy(update={"nodes": 1})})
+    with pytest.raises(RunBusyError, match=f"job {queued.job_id} \\(slurm\\) still owns this run directory"):
+        submit(local, "local", fake, step_command=["true"])
+    assert len(fake.jobs) == 1 and [r.job_id for r in submissions(RunDir.of(job))] == [queued.job_id]

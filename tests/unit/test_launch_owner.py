@@ -13,6 +13,7 @@ from air_hpc.cli.main import cli
 from air_hpc.config import load_job
 from air_hpc.errors import UserError
 from air_hpc.exitcodes import ExitCode
+from air_hpc.launch.local_job import ProcessIdentity
 from air_hpc.launch.owner import NotOwnerError, RunBusyError, claim, fence, read_owner
 from air_hpc.launch.submit import RunComplete, completed_step, submit
 from air_hpc.resilience.store import CheckpointStore
@@ -73,7 +74,7 @@ def test_a_local_owner_is_identified_by_pid_and_start_time(tmp_path: Path) -> No
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         with claim(run, lambda owner: owner.local_process_alive()) as record:
-            owner = record(str(child.pid), "local")
+            owner = record(str(child.pid), "local", ProcessIdentity.of(child.pid))
         assert owner.local_process_alive()
         with pytest.raises(RunBusyError), claim(run, lambda o: o.local_process_alive()):
             pass
