@@ -14,9 +14,10 @@ import getpass
 import logging
 import time
 import uuid
+from collections.abc import Mapping
 
 from air_hpc.errors import SlurmError, SlurmUnreachableError
-from air_hpc.launch.owner import Owner, adopt
+from air_hpc.launch.owner import NotOwnerError, Owner, adopt, fence
 from air_hpc.launch.runs import (
     Attempt,
     pending_attempts,
@@ -74,6 +75,22 @@ def reconcile(run_dir: RunDir, client: SlurmClient) -> None:
     """Settle pending attempts under the run's owner lock; a job found becomes the owner (``status``, ``cancel``)."""
     if pending_attempts(run_dir):
         adopt(run_dir, lambda: settle(run_dir, client))
+
+
+def fence_settled(run_dir: RunDir, environ: Mapping[str, str], client: SlurmClient | None = None) -> None:
+    """The owner fence for a rank (:func:`~air_hpc.launch.owner.fence`), settling pending attempts first if it refuses.
+
+    A job whose submit lost sbatch's answer is not the owner until someone settles that
+    attempt; its ranks settle it themselves (one ``squeue``, under the lock) instead of
+    exiting as strangers to their own run.
+    """
+    try:
+        fence(run_dir, environ)
+    except NotOwnerError:
+        if not pending_attempts(run_dir):
+            raise
+        reconcile(run_dir, client or SlurmClient())
+        fence(run_dir, environ)
 
 
 def recorded_jobs(run_dir: RunDir, client: SlurmClient) -> list[Owner]:

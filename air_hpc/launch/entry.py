@@ -21,7 +21,7 @@ from air_hpc.errors import AirHpcError, ConfigError
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.guard import rank_guard, record_verdict
 from air_hpc.health.heartbeat import generation, generation_dir
-from air_hpc.launch.owner import fence
+from air_hpc.launch.attempts import fence_settled
 from air_hpc.render.spec import master_port
 from air_hpc.rundir import RunDir
 from air_hpc.slurm import env as slurm_env
@@ -92,7 +92,7 @@ class TrainingEntry(submitit.helpers.Checkpointable):
         clock = StartupClock(process_start_s())
         clock.mark("launch")
         run_dir = RunDir(self.run_dir)
-        fence(run_dir, os.environ)  # a job that does not own the run directory writes nothing there
+        fence_settled(run_dir, os.environ)  # a job that does not own the run directory writes nothing there
         job = run_dir.read_job()
         for key, value in job.env.items():
             os.environ.setdefault(key, value)

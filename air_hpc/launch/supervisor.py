@@ -49,7 +49,7 @@ from air_hpc.errors import AirHpcError, TopologyError
 from air_hpc.exitcodes import REQUEUE_WORTHY, ExitCode
 from air_hpc.health.badnodes import append_bad_nodes, read_bad_nodes
 from air_hpc.health.heartbeat import STEP_ATTEMPT_ENV, generation, generation_dir, read_exit_code, write_exit_code
-from air_hpc.launch.owner import fence
+from air_hpc.launch.attempts import fence_settled
 from air_hpc.render.spec import HOSTFILE_NAME, hang_backstop_s
 from air_hpc.resilience.events import EventLog
 from air_hpc.rundir import ARMED_FILE_PREFIX, STOP_REQUESTED_FILE, RunDir
@@ -434,7 +434,7 @@ def main(argv: Sequence[str] | None = None, signal_setup: Callable[[Supervisor],
         return int(ExitCode.USAGE)
     try:
         run_dir = RunDir(Path(args[0]))
-        fence(run_dir, os.environ)  # a job that does not own the run directory restarts nothing there
+        fence_settled(run_dir, os.environ)  # a job that does not own the run directory restarts nothing there
         job = run_dir.read_job()
         supervisor = Supervisor(job, run_dir, args[2:], os.environ, SlurmClient(), load_fabric(job))
         (signal_setup or Supervisor.install_signals)(supervisor)

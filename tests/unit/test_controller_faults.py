@@ -11,7 +11,7 @@ import pytest
 
 from air_hpc.config import load_job
 from air_hpc.errors import ConfigError, SlurmError, SlurmUnreachableError
-from air_hpc.launch.attempts import SETTLE_GRACE_S, settle
+from air_hpc.launch.attempts import SETTLE_GRACE_S, fence_settled, settle
 from air_hpc.launch.control import cancel_run, run_status
 from air_hpc.launch.owner import NotOwnerError, RunBusyError, fence, read_owner
 from air_hpc.launch.runs import latest_submission, pending_attempts, submissions
@@ -223,3 +223,26 @@ def test_an_unsettled_attempt_refuses_every_executor(tmp_path: Path) -> None:
     with pytest.raises(RunBusyError, match=f"job {queued.job_id} \\(slurm\\) still owns this run directory"):
         submit(local, "local", fake, step_command=["true"])
     assert len(fake.jobs) == 1 and [r.job_id for r in submissions(RunDir.of(job))] == [queued.job_id]
+
+
+def test_the_ranks_of_a_job_found_by_its_comment_settle_it_and_pass_the_fence(tmp_path: Path) -> None:
+    """Nobody ran status before the found job started: its first rank settles the attempt instead of exiting."""
+    fake = FakeSlurm()
+    job = job_in(tmp_path)
+    run_dir = RunDir.of(job)
+    first = submit(job, "slurm", fake, step_command=["true"]).job_id
+    fake.finish(first)
+    fake.lose_sbatch_reply = True
+    with pytest.raises(SlurmUnreachableError):
+        submit(job, "slurm", fake, step_command=["true"])
+    fake.lose_sbatch_reply = False
+    fake.reachable = True
+    (found,) = (j for j in fake.jobs.values() if j.job_id != first)
+    fake.start(found.job_id, "n[1-2]")
+    with pytest.raises(NotOwnerError):
+        fence_settled(run_dir, {"SLURM_JOB_ID": "999"}, fake)  # a stranger stays a stranger, attempt settled or not
+    fence_settled(run_dir, {"SLURM_JOB_ID": found.job_id}, fake)
+    owner = read_owner(run_dir)
+    assert owner is not None and owner.job_id == found.job_id and pending_attempts(run_dir) == []
+    with pytest.raises(NotOwnerError):
+        fence_settled(run_dir, {"SLURM_JOB_ID": first}, fake)
