@@ -57,6 +57,7 @@ from air_hpc.slurm import env as slurm_env
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.env import SlurmEnv
 from air_hpc.slurm.hostlist import compress
+from air_hpc.topology import treeconf
 from air_hpc.topology.fabric import Fabric
 from air_hpc.topology.select import pick_spare
 
@@ -417,8 +418,6 @@ def load_fabric(job: JobConfig) -> Fabric | None:
     topo = job.cluster.topology_file
     if topo is None:
         return None
-    from air_hpc.topology import treeconf
-
     try:
         return treeconf.parse(topo.read_text(), str(topo))
     except (OSError, TopologyError) as exc:
