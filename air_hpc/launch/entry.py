@@ -23,6 +23,8 @@ from air_hpc.health.guard import rank_guard, record_verdict
 from air_hpc.health.heartbeat import generation, generation_dir
 from air_hpc.launch.attempts import fence_settled
 from air_hpc.render.spec import master_port
+from air_hpc.resilience.events import EventLog, read_events
+from air_hpc.resilience.progress import CRASH_LOOP_KIND, CrashLoopError, check_progress
 from air_hpc.rundir import RunDir
 from air_hpc.slurm import env as slurm_env
 from air_hpc.slurm.env import SlurmEnv
@@ -152,10 +154,6 @@ class TrainingEntry(submitit.helpers.Checkpointable):
 
 def _stop_a_crash_loop(limit: int, run_dir: RunDir, rank: int) -> None:
     """Raise CrashLoopError (on every rank alike) when ``limit`` restarts in a row saved nothing."""
-    from air_hpc.health.heartbeat import generation
-    from air_hpc.resilience.events import EventLog, read_events
-    from air_hpc.resilience.progress import CRASH_LOOP_KIND, CrashLoopError, check_progress
-
     current = generation(os.environ)
     why = check_progress(read_events(run_dir.events), current, limit)
     if why is None:

@@ -228,7 +228,7 @@ class Deadline:
 
 def _started_from_submissions(path: Path, job_id: str | None) -> float | None:
     """Time of the newest ``{"event": "started"}`` line for ``job_id`` (any job id when None)."""
-    from air_hpc.resilience.events import read_events
+    from air_hpc.resilience.events import read_events  # it imports rundir: pydantic, as above
 
     for entry in reversed(read_events(path)):
         if entry.get("event") == "started" and (job_id is None or str(entry.get("job_id")) == job_id):
