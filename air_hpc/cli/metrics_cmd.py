@@ -25,6 +25,7 @@ from air_hpc.errors import UserError
 @click.option("--bind", default="127.0.0.1", show_default=True, help="Address to serve on.")
 def metrics(root: str | None, textfile: Path | None, port: int | None, bind: str) -> None:
     """Per-run step, loss, tokens/s, goodput, restarts, checkpoint and heartbeat age, and state, for Prometheus."""
+    # Not at the top: both import prometheus_client, which `air-hpc --help` must not load (tests/unit/test_cli.py).
     from air_hpc.launch.fleet import snapshot
     from air_hpc.observe.prometheus import registry_of, serve, write_textfile
 
