@@ -12,11 +12,12 @@ from collections.abc import Iterable
 
 import hostlist
 
+from air_hpc.digits import DIGITS
 from air_hpc.errors import InputError
 
 #: what a hostlist expression may contain: printable ASCII without blanks (Slurm node names are plain ASCII)
 _EXPRESSION = re.compile(r"[!-~]+")
-_RANGE = re.compile(r"(\d+)-(\d+)")
+_RANGE = re.compile(rf"({DIGITS})-({DIGITS})")
 #: the widest single range we expand; more is a typo, and expanding it would exhaust memory first
 MAX_RANGE = 1_000_000
 
