@@ -22,7 +22,8 @@ from air_hpc.launch.waiting import describe_failure, wait_deadline_s, wait_slurm
 from air_hpc.observe.plot import plot_run
 from air_hpc.observe.records import load_records
 from air_hpc.observe.report import build_report, format_report
-from air_hpc.rundir import RunDir, read_jsonl
+from air_hpc.records.jsonl import read_jsonl
+from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.jobs import JobStatus
 from air_hpc.testbed import Testbed

@@ -23,7 +23,7 @@ from air_hpc.launch.submit import submit
 from air_hpc.observe.compare import compare_runs
 from air_hpc.observe.records import START_KIND, load_records
 from air_hpc.observe.report import build_report
-from air_hpc.rundir import RunDir
+from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.train.metrics import read_metrics
 

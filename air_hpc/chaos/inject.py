@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 
 from air_hpc.errors import AirHpcError, UserError
-from air_hpc.rundir import RunDir
+from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.cluster import SINFO_ARGS, parse_sinfo_groups
 from air_hpc.slurm.env import SlurmEnv

@@ -127,7 +127,7 @@ def _wait_and_summarize(done: "Submission", client: "SlurmClient", as_json: bool
     from air_hpc.errors import TrainingFailed
     from air_hpc.launch.control import run_status, watch_run
     from air_hpc.launch.waiting import describe_failure, poll_until, wait_deadline_s, wait_local
-    from air_hpc.rundir import RunDir
+    from air_hpc.records.rundir import RunDir
 
     run_dir = RunDir(done.run_dir)
     timeout_s = wait_deadline_s(done.plan.job)
@@ -247,7 +247,8 @@ def status(target: str | None, watch: bool, as_json: bool) -> None:
 def logs(run: str, follow: bool, rank: int | None, pattern: str | None, as_json: bool) -> None:
     """Print a run's output (the batch log, or one rank's), each file under a ``==> file <==`` header."""
     from air_hpc.launch.control import check_rank, log_sources, run_status
-    from air_hpc.launch.runs import latest_submission, resolve_run
+    from air_hpc.launch.runs import resolve_run
+    from air_hpc.records.submissions import latest_submission
 
     if follow and as_json:
         raise UserError("--follow and --json: choose one (--json prints what is there now)")
@@ -340,8 +341,9 @@ def runs(root: str | None, as_json: bool) -> None:
     """List the runs under the runs root: state, step/total, loss, restarts, goodput, checkpoint age, job."""
     from air_hpc.errors import AirHpcError
     from air_hpc.launch.control import run_status
-    from air_hpc.launch.runs import find_runs, latest_submission, runs_root
+    from air_hpc.launch.runs import find_runs, runs_root
     from air_hpc.observe.overview import run_row, runs_table
+    from air_hpc.records.submissions import latest_submission
 
     client = slurm_client()
     rows = []

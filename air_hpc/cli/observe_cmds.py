@@ -11,7 +11,7 @@ from air_hpc.errors import UserError
 if TYPE_CHECKING:
     from air_hpc.observe.records import RunRecords
     from air_hpc.observe.report import RunReport
-    from air_hpc.rundir import RunDir
+    from air_hpc.records.rundir import RunDir
 
 
 def _records(run: str) -> tuple["RunDir", "RunRecords", "RunReport"]:

@@ -14,11 +14,12 @@ from contextlib import contextmanager
 
 from air_hpc.config.models import JobConfig
 from air_hpc.exitcodes import ExitCode
-from air_hpc.health.heartbeat import Heartbeat, generation, generation_dir, write_exit_code
+from air_hpc.health.heartbeat import Heartbeat
 from air_hpc.health.preflight import PEER_WAIT_S, enforce, run_preflight
 from air_hpc.health.watchdog import PhaseLimits, Watchdog
-from air_hpc.resilience.events import EventLog
-from air_hpc.rundir import RunDir
+from air_hpc.records.events import EventLog
+from air_hpc.records.generation import generation, generation_dir, write_exit_code
+from air_hpc.records.rundir import RunDir
 
 log = logging.getLogger(__name__)
 

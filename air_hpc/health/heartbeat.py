@@ -3,15 +3,10 @@
 Each rank owns one small JSON file under ``<run>/heartbeat/<generation>/``,
 replaced atomically on every beat (write + rename, no fsync: a beat is
 worth nothing after a crash, and it must be cheap enough for every step).
-The generation (``<job id>-<restart count>``) keeps the files of one start of
+The generation directory (``records.generation``) keeps the files of one start of
 the job apart from those of the previous start. The watchdog of a rank keeps
 the last beat in memory, so checking it costs no file access; the files are
 read only to diagnose a hang and to show progress.
-
-Also here: the start's verdict file. When ranks exit because of a hang or a
-failed pre-flight check, ``srun`` kills the others and reports *their*
-signal (143), not ours; the batch script therefore reads the exit code the
-ranks agreed on from ``<generation>/exit_code``.
 """
 
 import json
@@ -19,24 +14,18 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal, cast, get_args
 
-from air_hpc.exitcodes import ExitCode
-from air_hpc.rundir import RunDir
-from air_hpc.slurm.env import SlurmEnv
+from air_hpc.records.generation import beat_path
+from air_hpc.records.names import BEAT_GLOB
 
 log = logging.getLogger(__name__)
 
 Phase = Literal["setup", "step", "checkpoint", "done"]
 PHASES: tuple[Phase, ...] = get_args(Phase)
-
-#: File in a generation directory holding the exit code the batch script should act on.
-EXIT_CODE_FILE = "exit_code"
-#: Set by the in-job supervisor: which of its step starts this is (a restart inside one job start).
-STEP_ATTEMPT_ENV = "AIR_HPC_STEP_ATTEMPT"
 
 
 @dataclass(frozen=True)
@@ -52,28 +41,6 @@ class Beat:
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
-
-
-def generation(environ: Mapping[str, str]) -> str:
-    """``<job id>-<restart count>``: the same on every rank of one start, new on each requeue.
-
-    The batch script computes the same name in bash (``$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}``).
-    Under the in-job supervisor each step start adds ``.<attempt>``, so a restart's
-    heartbeats and verdict never mix with those of the step before it.
-    """
-    slurm = SlurmEnv.from_environ(environ)
-    job_id = slurm.job_id or environ.get("SUBMITIT_LOCAL_JOB_ID") or "local"
-    name = f"{job_id}-{slurm.restart_count}"
-    attempt = environ.get(STEP_ATTEMPT_ENV)
-    return f"{name}.{attempt}" if attempt else name
-
-
-def generation_dir(run_dir: RunDir, name: str) -> Path:
-    return run_dir.heartbeat / name
-
-
-def beat_path(directory: Path, rank: int) -> Path:
-    return directory / f"rank-{rank:05d}.json"
 
 
 class Heartbeat:
@@ -133,7 +100,7 @@ class Heartbeat:
 def read_beats(directory: Path) -> dict[int, Beat]:
     """Every rank's last beat in a generation directory; unreadable files are skipped."""
     beats: dict[int, Beat] = {}
-    for path in sorted(directory.glob("rank-*.json")):
+    for path in sorted(directory.glob(BEAT_GLOB)):
         try:
             raw = json.loads(path.read_text())
             phase = raw["phase"]
@@ -152,25 +119,3 @@ def read_beats(directory: Path) -> dict[int, Beat]:
             continue
         beats[beat.rank] = beat
     return beats
-
-
-def write_exit_code(directory: Path, code: ExitCode) -> bool:
-    """Tell the batch script why this start's ranks exited; True for the first writer, who records the cause."""
-    directory.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(directory / EXIT_CODE_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return False
-    try:
-        os.write(fd, f"{int(code)}\n".encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return True
-
-
-def read_exit_code(directory: Path) -> int | None:
-    try:
-        return int((directory / EXIT_CODE_FILE).read_text().strip())
-    except (FileNotFoundError, ValueError):
-        return None

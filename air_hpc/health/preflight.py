@@ -26,10 +26,11 @@ from air_hpc.config.models import JobConfig
 from air_hpc.errors import AirHpcError
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.badnodes import append_bad_nodes
-from air_hpc.health.heartbeat import write_exit_code
 from air_hpc.health.ibstat import parse_ibstat, select_ports
-from air_hpc.resilience.events import EventLog
-from air_hpc.rundir import RunDir
+from air_hpc.records.events import EventLog
+from air_hpc.records.generation import write_exit_code
+from air_hpc.records.names import PREFLIGHT_PREFIX
+from air_hpc.records.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +191,7 @@ def run_preflight(
 def publish(report: PreflightReport, generation_dir: Path) -> None:
     """Share which checks failed on this node, so failing nodes can tell a bad node from bad storage."""
     generation_dir.mkdir(parents=True, exist_ok=True)
-    path = generation_dir / f"preflight-{report.host}.json"
+    path = generation_dir / f"{PREFLIGHT_PREFIX}{report.host}.json"
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"host": report.host, "failed": sorted(c.name for c in report.failures)}))
     os.replace(tmp, path)
@@ -199,7 +200,7 @@ def publish(report: PreflightReport, generation_dir: Path) -> None:
 def read_published(generation_dir: Path) -> dict[str, frozenset[str]]:
     """Host -> names of the checks that failed there, for every node that has published."""
     published = {}
-    for path in generation_dir.glob("preflight-*.json"):
+    for path in generation_dir.glob(f"{PREFLIGHT_PREFIX}*.json"):
         try:
             raw = json.loads(path.read_text())
             published[str(raw["host"])] = frozenset(str(name) for name in raw["failed"])

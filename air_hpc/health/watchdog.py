@@ -41,8 +41,9 @@ import psutil
 from air_hpc.config.models import HealthConfig
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.badnodes import append_bad_nodes
-from air_hpc.health.heartbeat import Beat, Heartbeat, Phase, read_beats, write_exit_code
-from air_hpc.resilience.events import EventLog
+from air_hpc.health.heartbeat import Beat, Heartbeat, Phase, read_beats
+from air_hpc.records.events import EventLog
+from air_hpc.records.generation import write_exit_code
 
 log = logging.getLogger(__name__)
 

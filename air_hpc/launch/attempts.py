@@ -18,7 +18,8 @@ from collections.abc import Mapping
 
 from air_hpc.errors import SlurmError, SlurmUnreachableError
 from air_hpc.launch.owner import NotOwnerError, Owner, adopt, fence
-from air_hpc.launch.runs import (
+from air_hpc.records.rundir import RunDir
+from air_hpc.records.submissions import (
     Attempt,
     pending_attempts,
     record_attempt,
@@ -26,7 +27,6 @@ from air_hpc.launch.runs import (
     record_submission,
     submissions,
 )
-from air_hpc.rundir import RunDir
 from air_hpc.slurm.client import NotRun, SlurmClient
 
 log = logging.getLogger(__name__)

@@ -16,13 +16,12 @@ from air_hpc.errors import UserError
 from air_hpc.health.badnodes import read_bad_nodes
 from air_hpc.launch.attempts import reconcile
 from air_hpc.launch.local_job import cancel_local, local_job_status
-from air_hpc.launch.runs import SubmissionRecord, latest_submission, record_cancel
 from air_hpc.launch.waiting import poll_until
 from air_hpc.observe.live import LiveView, change_key, last_event, live_panel, plain_line
 from air_hpc.observe.progress import RunProgress, run_progress
 from air_hpc.observe.records import load_records, stop_reason
-from air_hpc.render.spec import batch_log_paths
-from air_hpc.rundir import RunDir
+from air_hpc.records.rundir import RunDir
+from air_hpc.records.submissions import SubmissionRecord, latest_submission, record_cancel
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.jobs import JobStatus
 
@@ -93,7 +92,7 @@ def log_sources(run_dir: RunDir, record: SubmissionRecord, rank: int | None = No
     submitit's per-task files); else the batch script's (or task 0's) output.
     """
     if record.executor == "slurm":
-        batch = batch_log_paths(run_dir.path, record.job_id)
+        batch = run_dir.batch_logs(record.job_id)
         if rank is None:
             return [LogSource(path) for path in batch]
         return [LogSource(run_dir.rank_log(rank)), *(LogSource(path, f"{rank}: ") for path in batch)]

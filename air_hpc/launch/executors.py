@@ -27,10 +27,10 @@ from air_hpc.launch.attempts import sbatch_recorded
 from air_hpc.launch.entry import TrainingEntry
 from air_hpc.launch.local_job import ProcessIdentity, RecordExit
 from air_hpc.launch.plan import Plan
-from air_hpc.launch.runs import Executor, record_submission
+from air_hpc.records.rundir import RunDir
+from air_hpc.records.submissions import Executor, record_submission
 from air_hpc.render import job_environment
 from air_hpc.render.quoting import shell_quote
-from air_hpc.rundir import RunDir
 from air_hpc.slurm.client import SlurmClient
 
 #: Builds the picklable callable that submitit runs on every rank.
@@ -138,7 +138,7 @@ def submitit_slurm_parameters(plan: Plan, run_dir: RunDir) -> dict[str, Any]:
     setup = _exports(_submitit_env(job, dict(spec.env)))
     srun_args = ["--kill-on-bad-exit=1"]
     if spec.request.rank_hosts:
-        hostfile = run_dir.path / "hostfile"
+        hostfile = run_dir.hostfile
         hostfile.write_text("".join(f"{h}\n" for h in spec.request.rank_hosts))
         setup.append(f"export SLURM_HOSTFILE={shell_quote(str(hostfile))}")
         srun_args.append("--distribution=arbitrary")

@@ -16,10 +16,11 @@ import psutil
 
 from air_hpc.digits import ascii_int
 from air_hpc.errors import SlurmError
-from air_hpc.launch.runs import SubmissionRecord, find_runs, submissions
+from air_hpc.launch.runs import find_runs
 from air_hpc.observe.prometheus import RunMetrics, run_metrics
 from air_hpc.observe.records import RunRecords, load_records
-from air_hpc.rundir import RunDir
+from air_hpc.records.rundir import RunDir
+from air_hpc.records.submissions import SubmissionRecord, submissions
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.jobs import JobState, merge_status
 

@@ -20,8 +20,8 @@ import psutil
 
 from air_hpc.errors import AirHpcError, UserError
 from air_hpc.exitcodes import ExitCode
-from air_hpc.launch.runs import SubmissionRecord, record_exit
-from air_hpc.rundir import RunDir
+from air_hpc.records.rundir import RunDir
+from air_hpc.records.submissions import SubmissionRecord, record_exit
 from air_hpc.slurm.jobs import JobState, JobStatus
 
 log = logging.getLogger(__name__)

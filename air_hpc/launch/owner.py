@@ -25,7 +25,7 @@ from typing import Protocol
 from air_hpc.digits import ascii_int
 from air_hpc.errors import AirHpcError, UserError
 from air_hpc.launch.local_job import ProcessIdentity
-from air_hpc.rundir import RunDir
+from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.env import SlurmEnv
 
 log = logging.getLogger(__name__)

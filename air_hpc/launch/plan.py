@@ -18,8 +18,8 @@ import hostlist
 from air_hpc.config.models import JobConfig
 from air_hpc.errors import ConfigError, SlurmError, SlurmUnreachableError
 from air_hpc.health.badnodes import read_bad_nodes
+from air_hpc.records.rundir import RunDir
 from air_hpc.render import SbatchSpec, build_spec, render_script
-from air_hpc.rundir import RunDir
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.jobs import TestOnlyResult
 from air_hpc.slurm.nodes import fetch_node_states

@@ -23,10 +23,10 @@ from air_hpc.launch.attempts import recorded_jobs
 from air_hpc.launch.executors import EntryFactory, default_entry, make_executor
 from air_hpc.launch.owner import Owner, claim
 from air_hpc.launch.plan import Plan, plan
-from air_hpc.launch.runs import Executor
 from air_hpc.observe.records import load_records, longest_sync_save_s
+from air_hpc.records.rundir import RunDir
+from air_hpc.records.submissions import Executor
 from air_hpc.resilience.store import CheckpointStore
-from air_hpc.rundir import RunDir
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.cluster import PARTITION_ARGS, parse_partitions
 from air_hpc.train.data import check_for_training

@@ -48,11 +48,12 @@ from air_hpc.config.models import JobConfig
 from air_hpc.errors import AirHpcError, TopologyError
 from air_hpc.exitcodes import REQUEUE_WORTHY, ExitCode
 from air_hpc.health.badnodes import append_bad_nodes, read_bad_nodes
-from air_hpc.health.heartbeat import STEP_ATTEMPT_ENV, generation, generation_dir, read_exit_code, write_exit_code
 from air_hpc.launch.attempts import fence_settled
-from air_hpc.render.spec import HOSTFILE_NAME, hang_backstop_s
-from air_hpc.resilience.events import EventLog
-from air_hpc.rundir import ARMED_FILE_PREFIX, STOP_REQUESTED_FILE, RunDir
+from air_hpc.records.events import EventLog
+from air_hpc.records.generation import STEP_ATTEMPT_ENV, generation, generation_dir, read_exit_code, write_exit_code
+from air_hpc.records.names import ARMED_FILE_PREFIX, BEAT_GLOB, STOP_REQUESTED_FILE
+from air_hpc.records.rundir import RunDir
+from air_hpc.render.spec import hang_backstop_s
 from air_hpc.slurm import env as slurm_env
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.env import SlurmEnv
@@ -185,7 +186,7 @@ class Supervisor:
         self.slurm = SlurmEnv.from_environ(self.environ)
         self.job_id = self.slurm.job_id or ""
         self.restart_count = self.slurm.restart_count
-        self.hostfile = self.slurm.hostfile or run_dir.path / HOSTFILE_NAME
+        self.hostfile = self.slurm.hostfile or run_dir.hostfile
         self.backstop_s = hang_backstop_s(job)
         self.probe = probe or self.probe_dead
         self._signum: int | None = None
@@ -350,7 +351,7 @@ class Supervisor:
     def _stale(self, gen_dir: Path) -> bool:
         """No rank has beaten for the backstop time (only once some rank has beaten at all)."""
         try:
-            newest = max((p.stat().st_mtime for p in gen_dir.glob("rank-*.json")), default=None)
+            newest = max((p.stat().st_mtime for p in gen_dir.glob(BEAT_GLOB)), default=None)
         except OSError:
             return False
         return newest is not None and time.time() - newest > self.backstop_s

@@ -12,8 +12,8 @@ from typing import TypeVar
 from air_hpc.config.models import JobConfig
 from air_hpc.errors import AirHpcError, ConfigError, TrainingFailed, WaitTimeoutError
 from air_hpc.launch.local_job import local_job_status
-from air_hpc.launch.runs import submissions
-from air_hpc.rundir import RunDir
+from air_hpc.records.rundir import RunDir
+from air_hpc.records.submissions import submissions
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.jobs import JobState, JobStatus
 

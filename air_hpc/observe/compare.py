@@ -9,8 +9,8 @@ reference's (from the manifests, which the checkpointer wrote after hashing).
 from dataclasses import dataclass
 
 from air_hpc.errors import CheckpointError
+from air_hpc.records.rundir import RunDir
 from air_hpc.resilience.store import Manifest, step_name
-from air_hpc.rundir import RunDir
 from air_hpc.train.metrics import read_metrics
 
 SHARD_SUFFIX = ".distcp"

@@ -11,7 +11,7 @@ from rich.table import Table
 from air_hpc.observe.progress import format_duration, run_progress
 from air_hpc.observe.records import load_records
 from air_hpc.observe.report import build_report
-from air_hpc.rundir import RunDir
+from air_hpc.records.rundir import RunDir
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from air_hpc.health.heartbeat import read_beats
 from air_hpc.observe.progress import run_progress
 from air_hpc.observe.records import RunRecords
 from air_hpc.observe.report import build_report
-from air_hpc.rundir import RunDir
+from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.jobs import JobState
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from air_hpc.rundir import RunDir, read_jsonl
+from air_hpc.records.jsonl import read_jsonl
+from air_hpc.records.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -113,14 +114,14 @@ def start_times(events: tuple[Event, ...], submissions: list[dict[str, Any]]) ->
     Only our batch script writes ``started``; under submitit and the local
     executor the ranks' events are all there is.
     """
-    starts = [t for row in submissions if row.get("event") == "started" and (t := _float(row.get("time")))]
+    starts = [t for row in submissions if row.get("kind") == "started" and (t := _float(row.get("time")))]
     if not starts:
         starts = [e.time_s for e in events if e.kind == START_KIND]
     return tuple(sorted(starts))
 
 
 def first_submission(submissions: list[dict[str, Any]]) -> float | None:
-    times = [t for row in submissions if row.get("event") == "submitted" and (t := _float(row.get("time")))]
+    times = [t for row in submissions if row.get("kind") == "submitted" and (t := _float(row.get("time")))]
     return min(times) if times else None
 
 

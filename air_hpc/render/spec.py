@@ -13,17 +13,12 @@ from pathlib import Path
 from air_hpc.config.models import JobConfig, SignalName
 from air_hpc.errors import ConfigError
 from air_hpc.exitcodes import REQUEUE_WORTHY, ExitCode
-from air_hpc.health.heartbeat import EXIT_CODE_FILE
+from air_hpc.records import names
+from air_hpc.records.rundir import RunDir
 from air_hpc.render.quoting import check_env_name, check_one_line, slurm_filename
-from air_hpc.rundir import ARMED_FILE_PREFIX, STOP_REQUESTED_FILE, RunDir
 from air_hpc.slurm import hostlist
 from air_hpc.topology.request import NodeRequest
 
-#: Batch script output names under the run's logs/ (``%j``: the job id, stable across requeues).
-BATCH_STDOUT = "slurm-%j.out"
-BATCH_STDERR = "slurm-%j.err"
-#: The rank order file the batch script writes for ``srun --distribution=arbitrary``.
-HOSTFILE_NAME = "hostfile"
 #: MASTER_PORT = base + job id modulo span: the same port after a requeue, rarely shared by two jobs, and
 #: below Linux's default ephemeral range (32768-60999), where any outgoing connection may hold it.
 MASTER_PORT_BASE = 20000
@@ -33,12 +28,6 @@ MASTER_PORT_SPAN = 12000
 def master_port(job_id: int) -> int:
     """Rank 0's port, derived from the job id so it survives requeues (the batch script does the same sum)."""
     return MASTER_PORT_BASE + job_id % MASTER_PORT_SPAN
-
-
-def batch_log_paths(run_dir: Path, job_id: str) -> tuple[Path, Path]:
-    """The batch script's stdout and stderr files of one job."""
-    logs = RunDir(run_dir).logs
-    return logs / BATCH_STDOUT.replace("%j", job_id), logs / BATCH_STDERR.replace("%j", job_id)
 
 
 @dataclass(frozen=True)
@@ -91,11 +80,11 @@ class SbatchSpec:
 
     @property
     def output_pattern(self) -> str:
-        return f"{slurm_filename(str(RunDir(self.run_dir).logs))}/{BATCH_STDOUT}"
+        return f"{slurm_filename(str(RunDir(self.run_dir).logs))}/{names.BATCH_STDOUT}"
 
     @property
     def error_pattern(self) -> str:
-        return f"{slurm_filename(str(RunDir(self.run_dir).logs))}/{BATCH_STDERR}"
+        return f"{slurm_filename(str(RunDir(self.run_dir).logs))}/{names.BATCH_STDERR}"
 
     @property
     def time_limit(self) -> str:
@@ -110,24 +99,27 @@ class SbatchSpec:
     @property
     def exports_master(self) -> bool:
         """MASTER_ADDR/PORT are derived in the script unless the user set them."""
-        names = {name for name, _ in self.env}
-        return not names & {"MASTER_ADDR", "MASTER_PORT"}
+        exported = {name for name, _ in self.env}
+        return not exported & {"MASTER_ADDR", "MASTER_PORT"}
 
     @property
     def context(self) -> dict[str, object]:
-        """The template's variables; exit codes come from the one contract in ``air_hpc.exitcodes``."""
+        """The template's variables: exit codes from ``air_hpc.exitcodes``, file names from ``air_hpc.records``."""
         return {
             "spec": self,
             "exit_ok": int(ExitCode.OK),
             "master_port_base": MASTER_PORT_BASE,
             "master_port_span": MASTER_PORT_SPAN,
-            "hostfile_name": HOSTFILE_NAME,
-            "bad_nodes_name": RunDir(self.run_dir).bad_nodes.name,
-            "events_name": RunDir(self.run_dir).events.name,
-            "heartbeat_name": RunDir(self.run_dir).heartbeat.name,
-            "exit_code_file": EXIT_CODE_FILE,
-            "armed_prefix": ARMED_FILE_PREFIX,
-            "stop_requested_file": STOP_REQUESTED_FILE,
+            "hostfile_name": names.HOSTFILE,
+            "submissions_name": names.SUBMISSIONS,
+            "bad_nodes_name": names.BAD_NODES,
+            "events_name": names.EVENTS,
+            "heartbeat_name": names.HEARTBEAT,
+            "beat_glob": names.BEAT_GLOB,
+            "exit_code_file": names.EXIT_CODE_FILE,
+            "armed_prefix": names.ARMED_FILE_PREFIX,
+            "stop_requested_file": names.STOP_REQUESTED_FILE,
+            "kind_key": names.KIND,
             "exit_hung": int(ExitCode.HUNG),
             "exit_crash_loop": int(ExitCode.CRASH_LOOP),
             "backstop_poll_s": max(1, min(60, (self.hang_backstop_s or 0) // 10)),

@@ -1,8 +1,7 @@
-"""Surviving preemption: stop flags, atomic verified checkpoints, events, requeue decisions.
+"""Surviving preemption: stop flags, atomic verified checkpoints, requeue decisions (the event log: ``records.events``).
 
 Modules, each with one job:
 
-- ``events``: the append-only, fsynced ``events.jsonl`` of a run.
 - ``signals``: signal handlers that only set a flag, the all-rank agreement, the time-limit deadline.
 - ``store``: the checkpoint directory layout: staging, manifest, atomic commit, verify, retention.
 - ``state``: what goes into a checkpoint (Megatron ``dist_checkpointing`` + RNG + progress).

@@ -52,8 +52,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from air_hpc.errors import CheckpointError, UnusableCheckpointsError
+from air_hpc.records.events import EventLog
 from air_hpc.resilience import state
-from air_hpc.resilience.events import EventLog
 from air_hpc.resilience.signals import agree
 from air_hpc.resilience.store import Check, CheckpointStore, record_hashes, step_name
 

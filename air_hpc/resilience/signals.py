@@ -19,6 +19,7 @@ from typing import Any
 
 from air_hpc.digits import ascii_int
 from air_hpc.errors import ConfigError
+from air_hpc.records.names import ARMED_FILE_PREFIX, STOP_REQUESTED_FILE
 from air_hpc.slurm.env import JOB_END_TIME, JOB_START_TIME, SlurmEnv, epoch_seconds
 
 log = logging.getLogger(__name__)
@@ -80,12 +81,10 @@ class StopRequest:
     def announce_armed(self, directory: Path, rank: int, signal_name: str) -> None:
         """Tell the batch shell this rank handles stop signals now, then take a stop it recorded before.
 
-        The order is the protocol (see ``rundir.STOP_REQUESTED_FILE``): the shell records the stop
+        The order is the protocol (see ``records.names.STOP_REQUESTED_FILE``): the shell records the stop
         before it counts armed ranks, a rank announces before it looks for the record, so either
         the shell forwards the signal or this rank (or a later one) finds the record.
         """
-        from air_hpc.rundir import ARMED_FILE_PREFIX, STOP_REQUESTED_FILE  # pydantic: not before the signals are held
-
         directory.mkdir(parents=True, exist_ok=True)
         (directory / f"{ARMED_FILE_PREFIX}{rank}").touch()
         if (directory / STOP_REQUESTED_FILE).exists():
@@ -215,7 +214,9 @@ class Deadline:
         for var, start in starts:
             if start is not None:
                 return cls(start + limit_s - margin_s, var)
-        start = _started_from_submissions(submissions, slurm.job_id) if submissions else None
+        from air_hpc.records.submissions import started_time  # pydantic: not before the signals are held
+
+        start = started_time(submissions, slurm.job_id) if submissions else None
         if start is not None:
             return cls(start + limit_s - margin_s, "submissions.jsonl")
         now = time.time() if now_s is None else now_s
@@ -224,16 +225,3 @@ class Deadline:
             ", ".join((JOB_END_TIME, *(var for var, _ in starts))),
         )
         return cls(now + limit_s - margin_s, "process start")
-
-
-def _started_from_submissions(path: Path, job_id: str | None) -> float | None:
-    """Time of the newest ``{"event": "started"}`` line for ``job_id`` (any job id when None)."""
-    from air_hpc.resilience.events import read_events  # it imports rundir: pydantic, as above
-
-    for entry in reversed(read_events(path)):
-        if entry.get("event") == "started" and (job_id is None or str(entry.get("job_id")) == job_id):
-            try:
-                return float(entry["time"])
-            except (KeyError, TypeError, ValueError):
-                return None
-    return None

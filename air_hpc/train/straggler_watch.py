@@ -20,7 +20,7 @@ from air_hpc.health.stragglers import Straggler, find_stragglers
 from air_hpc.train.collectives import gather_floats, gather_strings
 
 if TYPE_CHECKING:
-    from air_hpc.resilience.events import EventLog
+    from air_hpc.records.events import EventLog
 
 log = logging.getLogger(__name__)
 

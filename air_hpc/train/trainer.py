@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING
 from air_hpc.config.models import JobConfig
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.heartbeat import Heartbeat
-from air_hpc.rundir import RunDir
+from air_hpc.records.rundir import RunDir
 from air_hpc.train import metrics as metrics_mod
 from air_hpc.train import tb_log
 from air_hpc.train.data import CorpusInfo, TokenSamples, check_for_training
 from air_hpc.train.parallel import ParallelContext
 
 if TYPE_CHECKING:
-    from air_hpc.resilience.events import EventLog
+    from air_hpc.records.events import EventLog
     from air_hpc.resilience.signals import StopRequest
     from air_hpc.train.startup import StartupClock
     from air_hpc.train.straggler_watch import StragglerWatch
@@ -75,8 +75,8 @@ def train(
     during setup, and one that arrives after the last step does no harm. Without one, the stop
     signals are armed here for the duration of the call.
     """
+    from air_hpc.records.events import EventLog
     from air_hpc.resilience.checkpointer import Checkpointer
-    from air_hpc.resilience.events import EventLog
     from air_hpc.resilience.interval import INTERVAL_KIND, CheckpointSchedule
     from air_hpc.resilience.signals import Deadline, agree_stop
     from air_hpc.resilience.store import CheckpointStore

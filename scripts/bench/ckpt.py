@@ -85,8 +85,8 @@ def worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     from air_hpc.config import load_job
+    from air_hpc.records.events import EventLog, read_events
     from air_hpc.resilience.checkpointer import Checkpointer
-    from air_hpc.resilience.events import EventLog, read_events
     from air_hpc.resilience.signals import agree
     from air_hpc.resilience.store import CheckpointStore
     from air_hpc.train import cpu_compat, parallel
@@ -276,8 +276,8 @@ def testbed_preemption(args: argparse.Namespace) -> None:
     """
     from air_hpc.config import load_job
     from air_hpc.launch.submit import submit
-    from air_hpc.resilience.events import read_events
-    from air_hpc.rundir import RunDir
+    from air_hpc.records.events import read_events
+    from air_hpc.records.rundir import RunDir
     from air_hpc.testbed import Testbed
     from air_hpc.train import data
     from air_hpc.train.metrics import read_metrics
@@ -322,7 +322,7 @@ def testbed_preemption(args: argparse.Namespace) -> None:
     resume = next(e for e in events if e["kind"] == "resume")
     wait("the first resumed step", lambda: last_step() > resume["step"])
     first = next(r for r in read_metrics(run.metrics) if r["step"] == resume["step"] + 1)
-    starts = [e["time"] for e in read_events(run.submissions) if e.get("event") == "started"]
+    starts = [e["time"] for e in read_events(run.submissions) if e.get("kind") == "started"]
     saved = next(e for e in events if e["kind"] == "checkpoint_saved" and e["step"] == stop["step"])
     lost = max(trained_before, stop["step"]) - resume["step"]
     total = first["time"] - signalled

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from air_hpc.rundir import RunDir
+from air_hpc.records.rundir import RunDir
 from air_hpc.train.metrics import flops_per_token, peak_flops, read_metrics
 
 run = RunDir(Path(sys.argv[1]))

@@ -49,8 +49,8 @@ def main() -> None:
     from air_hpc.config.load import load_job
     from air_hpc.health.heartbeat import read_beats
     from air_hpc.launch.submit import submit
-    from air_hpc.resilience.events import read_events
-    from air_hpc.rundir import RunDir
+    from air_hpc.records.events import read_events
+    from air_hpc.records.rundir import RunDir
     from air_hpc.slurm.jobs import JobState
     from air_hpc.testbed import Testbed
     from air_hpc.train import data

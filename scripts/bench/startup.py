@@ -62,7 +62,8 @@ def timed_start(bed: Any, root: Path, corpus: Path, steps: int, preflight: bool)
     """Submit gpt-tiny to ``steps`` (resuming whatever the run directory holds); its start-up, once it ended."""
     from air_hpc.config import load_job
     from air_hpc.launch.submit import submit
-    from air_hpc.rundir import RunDir, read_jsonl
+    from air_hpc.records.jsonl import read_jsonl
+    from air_hpc.records.rundir import RunDir
     from air_hpc.slurm.jobs import JobState
     from air_hpc.train.startup import EVENT_KIND
 
@@ -90,7 +91,7 @@ def timed_start(bed: Any, root: Path, corpus: Path, steps: int, preflight: bool)
     if status.state != JobState.COMPLETED:
         raise SystemExit(f"bench: job {done.job_id} ended {status.state}; see {done.run_dir}/logs")
     run = RunDir(done.run_dir)
-    started = [r["time"] for r in read_jsonl(run.submissions) if r.get("event") == "started"][-1]
+    started = [r["time"] for r in read_jsonl(run.submissions) if r.get("kind") == "started"][-1]
     event = [e for e in read_jsonl(run.events) if e["kind"] == EVENT_KIND][-1]
     first = [r for r in read_jsonl(run.metrics) if r["step"] == event["step"]][-1]
     return {

@@ -18,8 +18,8 @@ def main(argv: list[str]) -> int:
 
     from air_hpc.health.heartbeat import Heartbeat
     from air_hpc.health.watchdog import PhaseLimits, Watchdog
-    from air_hpc.resilience.events import EventLog
-    from air_hpc.rundir import RunDir
+    from air_hpc.records.events import EventLog
+    from air_hpc.records.rundir import RunDir
     from air_hpc.train.metrics import setup_rank_logging
 
     run_dir = RunDir(Path(run_path))

@@ -7,7 +7,7 @@ import submitit
 
 from air_hpc.config.models import JobConfig
 from air_hpc.launch.entry import TrainingEntry
-from air_hpc.rundir import RunDir
+from air_hpc.records.rundir import RunDir
 
 
 def submit_local(job: JobConfig, timeout_min: int) -> tuple[RunDir, Any]:

@@ -14,9 +14,9 @@ import pytest
 from air_hpc.config import load_job
 from air_hpc.errors import SlurmUnreachableError
 from air_hpc.exitcodes import ExitCode
-from air_hpc.launch.runs import latest_submission, pending_attempts, record_submission
 from air_hpc.launch.submit import submit
-from air_hpc.rundir import RunDir
+from air_hpc.records.rundir import RunDir
+from air_hpc.records.submissions import latest_submission, pending_attempts, record_submission
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.jobs import JobState
 from tests.integration.test_jobs_testbed import PAYLOAD, TESTBED_JOB, cli

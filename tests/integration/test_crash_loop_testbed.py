@@ -17,8 +17,9 @@ from air_hpc.launch.control import run_status
 from air_hpc.launch.submit import submit
 from air_hpc.observe.records import load_records
 from air_hpc.observe.report import build_report, format_report
-from air_hpc.resilience.events import read_events
-from air_hpc.rundir import RunDir, read_jsonl
+from air_hpc.records.events import read_events
+from air_hpc.records.jsonl import read_jsonl
+from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.jobs import JobState
 from air_hpc.train import data
 from tests.integration.waiting import wait_ended
@@ -49,7 +50,7 @@ def test_restarts_without_progress_stop_with_crash_loop(testbed: Any, tmp_path: 
     status = wait_ended(testbed.client, done.job_id, timeout_s=400)
     logs = "\n".join(p.read_text()[-1500:] for p in sorted(run_dir.logs.glob("slurm-*")))
     assert status.state == JobState.FAILED and status.exit_code == ExitCode.CRASH_LOOP, logs
-    starts = [r["restart_count"] for r in read_jsonl(run_dir.submissions) if r.get("event") == "started"]
+    starts = [r["restart_count"] for r in read_jsonl(run_dir.submissions) if r.get("kind") == "started"]
     assert starts == [0, 1, 2], "two restarts without progress, then the stop; never requeued after it"
     events = read_events(run_dir.events)
     assert [e["kind"] for e in events if e["kind"] in ("start", "checkpoint_saved", "crash_loop")] == [

@@ -6,7 +6,8 @@ from typing import Any
 import pytest
 
 from air_hpc.demo import run_demo
-from air_hpc.rundir import RunDir, read_jsonl
+from air_hpc.records.jsonl import read_jsonl
+from air_hpc.records.rundir import RunDir
 
 pytestmark = pytest.mark.integration
 

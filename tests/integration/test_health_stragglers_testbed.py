@@ -21,13 +21,15 @@ import pytest
 
 from air_hpc.config import load_job
 from air_hpc.health.badnodes import read_bad_nodes
-from air_hpc.health.heartbeat import Beat, generation_dir, read_beats
+from air_hpc.health.heartbeat import Beat, read_beats
 from air_hpc.launch.submit import submit
 from air_hpc.observe.progress import run_progress
 from air_hpc.observe.records import load_records
 from air_hpc.observe.report import build_report, format_report
-from air_hpc.resilience.events import read_events
-from air_hpc.rundir import RunDir, read_jsonl
+from air_hpc.records.events import read_events
+from air_hpc.records.generation import generation_dir
+from air_hpc.records.jsonl import read_jsonl
+from air_hpc.records.rundir import RunDir
 from air_hpc.train import data
 from air_hpc.train.metrics import read_metrics
 from tests.integration.waiting import wait_ended, wait_for
@@ -119,7 +121,7 @@ def test_a_slowed_node_is_reported_and_left_out_of_the_next_start(testbed: Any, 
 
     testbed.client.scancel(done.job_id, signal="USR2", batch=True)
     assert wait_ended(testbed.client, done.job_id, timeout_s=300).state == "COMPLETED"
-    starts = [r for r in read_jsonl(run.submissions) if r.get("event") == "started"]
+    starts = [r for r in read_jsonl(run.submissions) if r.get("kind") == "started"]
     assert len(starts) == 2, starts
     assert slow not in testbed.client.run(["scontrol", "show", "hostnames", starts[-1]["nodelist"]]).stdout.split()
     assert [r["step"] for r in read_metrics(run.metrics)] == list(range(1, STEPS + 1))

@@ -21,8 +21,9 @@ from air_hpc.config import load_job
 from air_hpc.config.models import JobConfig
 from air_hpc.health.badnodes import read_bad_nodes
 from air_hpc.launch.submit import plan, submit
-from air_hpc.resilience.events import read_events
-from air_hpc.rundir import RunDir, read_jsonl
+from air_hpc.records.events import read_events
+from air_hpc.records.jsonl import read_jsonl
+from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.jobs import JobState
 from tests.integration.waiting import wait_ended
 
@@ -43,7 +44,7 @@ from pathlib import Path
 import torch, torch.distributed as dist
 from air_hpc.errors import AirHpcError
 from air_hpc.health.guard import rank_guard
-from air_hpc.rundir import RunDir
+from air_hpc.records.rundir import RunDir
 from air_hpc.train.metrics import setup_rank_logging
 
 run_dir, mode = RunDir(Path(sys.argv[1])), sys.argv[2]
@@ -104,7 +105,7 @@ def run_payload(testbed: Any, tmp_path: Path, job: JobConfig, mode: str = "run")
     payload.write_text(PAYLOAD)
     done = submit(job, "slurm", testbed.client, step_command=[sys.executable, str(payload), str(job.run.dir), mode])
     status = wait_ended(testbed.client, done.job_id, 300)
-    starts = [row["nodelist"] for row in read_jsonl(RunDir.of(job).submissions) if row.get("event") == "started"]
+    starts = [row["nodelist"] for row in read_jsonl(RunDir.of(job).submissions) if row.get("kind") == "started"]
     return str(status.state), starts
 
 
@@ -201,7 +202,7 @@ def test_hung_rank_in_the_real_trainer_is_detected_excluded_and_the_run_finishes
     done = submit(job, "slurm", testbed.client)
     status = wait_ended(testbed.client, done.job_id, 400, poll_s=1)
     run_dir = RunDir.of(job)
-    starts = [row["nodelist"] for row in read_jsonl(run_dir.submissions) if row.get("event") == "started"]
+    starts = [row["nodelist"] for row in read_jsonl(run_dir.submissions) if row.get("kind") == "started"]
     assert str(status.state) == str(JobState.COMPLETED), starts
     first_start = run_dir.heartbeat / f"{done.job_id}-0"
     hung_beat = json.loads((first_start / f"rank-{hang_rank:05d}.json").read_text())

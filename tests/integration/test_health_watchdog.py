@@ -11,9 +11,9 @@ import pytest
 
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.badnodes import read_bad_nodes
-from air_hpc.health.heartbeat import read_exit_code
-from air_hpc.resilience.events import read_events
-from air_hpc.rundir import RunDir
+from air_hpc.records.events import read_events
+from air_hpc.records.generation import read_exit_code
+from air_hpc.records.rundir import RunDir
 
 REPO = Path(__file__).parent.parent.parent
 STEP_LIMIT_S = 4

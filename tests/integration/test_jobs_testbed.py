@@ -20,9 +20,10 @@ from air_hpc.config import load_job
 from air_hpc.exitcodes import ExitCode
 from air_hpc.launch.control import run_status
 from air_hpc.launch.owner import RunBusyError, read_owner
-from air_hpc.launch.runs import record_submission
 from air_hpc.launch.submit import Submission, plan, submit
-from air_hpc.rundir import RunDir, read_jsonl
+from air_hpc.records.jsonl import read_jsonl
+from air_hpc.records.rundir import RunDir
+from air_hpc.records.submissions import record_submission
 from air_hpc.slurm.jobs import JobState
 from tests.integration.waiting import wait_ended, wait_for
 
@@ -152,7 +153,7 @@ def test_usr2_to_the_batch_shell_requeues_once_then_completes(testbed: Any, tmp_
     testbed.client.scancel(done.job_id, signal="USR2", batch=True)
     assert wait_state(testbed, done.job_id) is JobState.COMPLETED
 
-    starts = [r for r in read_jsonl(RunDir(done.run_dir).submissions) if r.get("event") == "started"]
+    starts = [r for r in read_jsonl(RunDir(done.run_dir).submissions) if r.get("kind") == "started"]
     assert [(r["job_id"], r["restart_count"]) for r in starts] == [(done.job_id, 0), (done.job_id, 1)]
     status = run_status(RunDir(done.run_dir), testbed.client)
     assert status.job.state is JobState.COMPLETED and status.restarts == 1

@@ -18,9 +18,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from air_hpc.cli.main import cli
 from air_hpc.config.load import load_job
 from air_hpc.exitcodes import ExitCode
-from air_hpc.launch.runs import record_submission
-from air_hpc.resilience.events import read_events
-from air_hpc.rundir import RunDir
+from air_hpc.records.events import read_events
+from air_hpc.records.rundir import RunDir
+from air_hpc.records.submissions import record_submission
 from air_hpc.slurm.fake import FakeSlurm
 from air_hpc.train.metrics import read_metrics
 from tests.integration.local_run import submit_local

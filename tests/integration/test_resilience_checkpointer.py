@@ -24,9 +24,9 @@ import psutil
 import pytest
 
 from air_hpc.errors import CheckpointError, UnusableCheckpointsError
+from air_hpc.records.events import EventLog, read_events
 from air_hpc.resilience import state
 from air_hpc.resilience.checkpointer import Checkpointer
-from air_hpc.resilience.events import EventLog, read_events
 from air_hpc.resilience.store import MANIFEST, CheckpointStore, sha256_file
 from tests.integration.waiting import wait_for
 

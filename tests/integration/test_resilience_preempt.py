@@ -23,8 +23,9 @@ from air_hpc.launch.submit import submit as submit_slurm
 from air_hpc.observe.compare import shard_hashes
 from air_hpc.observe.records import load_records
 from air_hpc.observe.report import build_report, format_report
-from air_hpc.resilience.events import read_events
-from air_hpc.rundir import RunDir, read_jsonl
+from air_hpc.records.events import read_events
+from air_hpc.records.jsonl import read_jsonl
+from air_hpc.records.rundir import RunDir
 from air_hpc.testbed import Testbed
 from air_hpc.testbed.conf import Settings
 from air_hpc.train import data
@@ -201,7 +202,7 @@ def test_testbed_job_preempted_by_slurm_saves_in_grace_requeues_once_and_matches
     assert preempted["fit"] is True and preempted["grace_s"] == 30
     assert preempted["requeue_by"] == ("slurm" if slurm_requeues_preempted_jobs(testbed) else "batch")
     assert kinds(run_dir, "requeue") == []  # not the batch script's ordinary requeue as well
-    starts = [r for r in read_jsonl(run_dir.submissions) if r.get("event") == "started"]
+    starts = [r for r in read_jsonl(run_dir.submissions) if r.get("kind") == "started"]
     assert [r["restart_count"] for r in starts] == [0, 1]  # requeued exactly once
     print(f"preemption save: step ended {preempted['ended_after_s']} s into a {preempted['grace_s']} s grace time")
 
@@ -275,7 +276,7 @@ def test_testbed_job_at_its_time_limit_gets_the_signal_saves_requeues_and_matche
     check_like_reference(run_dir, reference, [e["time"] for e in signals])
     assert [e["signal"] for e in kinds(run_dir, "stop")] == ["SIGUSR2"] * len(signals)
     assert len(kinds(run_dir, "requeue")) == len(signals) and kinds(run_dir, "preempted") == []
-    starts = [r for r in read_jsonl(run_dir.submissions) if r.get("event") == "started"]
+    starts = [r for r in read_jsonl(run_dir.submissions) if r.get("kind") == "started"]
     assert [r["restart_count"] for r in starts] == list(range(len(signals) + 1))
 
 
@@ -331,7 +332,7 @@ def test_preemption_with_the_user_signal_reaches_the_batch_shell_and_requeues_on
         assert [e["signal"] for e in kinds(run_dir, "stop")] == ["SIGUSR2"]
         (preempted,) = kinds(run_dir, "preempted")
         assert preempted["fit"] is True and kinds(run_dir, "requeue") == []
-        starts = [r for r in read_jsonl(run_dir.submissions) if r.get("event") == "started"]
+        starts = [r for r in read_jsonl(run_dir.submissions) if r.get("kind") == "started"]
         assert [r["restart_count"] for r in starts] == [0, 1]
     finally:
         bed.down()

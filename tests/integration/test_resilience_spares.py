@@ -19,7 +19,8 @@ from air_hpc.config.load import load_job
 from air_hpc.health.badnodes import read_bad_nodes
 from air_hpc.health.heartbeat import read_beats
 from air_hpc.launch.submit import submit as submit_slurm
-from air_hpc.rundir import RunDir, read_jsonl
+from air_hpc.records.jsonl import read_jsonl
+from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.jobs import JobState
 from air_hpc.topology import treeconf
 from air_hpc.train.metrics import read_metrics
@@ -87,7 +88,7 @@ def leftovers(run_dir: RunDir) -> list[str]:
 
 
 def starts(run_dir: RunDir) -> list[str]:
-    return [row["nodelist"] for row in read_jsonl(run_dir.submissions) if row.get("event") == "started"]
+    return [row["nodelist"] for row in read_jsonl(run_dir.submissions) if row.get("kind") == "started"]
 
 
 def check_like_reference(run_dir: RunDir, reference: RunDir) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from air_hpc.resilience.events import read_events
+from air_hpc.records.events import read_events
 from air_hpc.resilience.store import CheckpointStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,10 +44,10 @@ def worker_main(spec_json: str) -> None:
 
     torch.set_num_threads(1)
     from air_hpc.config import load_job
+    from air_hpc.records.events import EventLog
+    from air_hpc.records.rundir import RunDir
     from air_hpc.resilience.checkpointer import Checkpointer
-    from air_hpc.resilience.events import EventLog
     from air_hpc.resilience.store import CheckpointStore
-    from air_hpc.rundir import RunDir
     from air_hpc.train import cpu_compat, parallel
     from air_hpc.train import model as model_mod
     from air_hpc.train.data import TokenSamples

@@ -17,7 +17,7 @@ import pytest
 
 from air_hpc.config.load import load_job
 from air_hpc.exitcodes import ExitCode
-from air_hpc.rundir import RunDir
+from air_hpc.records.rundir import RunDir
 from air_hpc.train import data
 
 pytestmark = pytest.mark.integration

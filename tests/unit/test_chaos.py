@@ -13,8 +13,8 @@ from air_hpc.chaos.schedule import FAULT_KINDS, Fault, parse_kinds, plan
 from air_hpc.errors import UserError
 from air_hpc.observe.compare import Comparison, compare_runs, loss_mismatches
 from air_hpc.observe.records import RunRecords, parse_events, parse_steps
+from air_hpc.records.rundir import RunDir
 from air_hpc.resilience.store import FileEntry, Manifest, step_name
-from air_hpc.rundir import RunDir
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.fake import FakeSlurm
 from air_hpc.slurm.jobs import JobState

@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 
 from air_hpc.cli.main import cli, main
-from air_hpc.launch.runs import RUNS_ROOT_ENV, record_submission, resolve_run
-from air_hpc.rundir import RunDir
+from air_hpc.launch.runs import RUNS_ROOT_ENV, resolve_run
+from air_hpc.records.rundir import RunDir
+from air_hpc.records.submissions import record_submission
 from air_hpc.slurm.fake import FakeSlurm
 from tests.unit.test_observe_report import REPO, preempted_run
 

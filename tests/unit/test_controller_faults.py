@@ -14,9 +14,9 @@ from air_hpc.errors import ConfigError, SlurmError, SlurmUnreachableError
 from air_hpc.launch.attempts import SETTLE_GRACE_S, fence_settled, settle
 from air_hpc.launch.control import cancel_run, run_status
 from air_hpc.launch.owner import NotOwnerError, RunBusyError, fence, read_owner
-from air_hpc.launch.runs import latest_submission, pending_attempts, submissions
 from air_hpc.launch.submit import submit
-from air_hpc.rundir import RunDir
+from air_hpc.records.rundir import RunDir
+from air_hpc.records.submissions import latest_submission, pending_attempts, submissions
 from air_hpc.slurm.client import DEADLINE_ENV, NotRun, SlurmClient, deadline_from_env, talks_to_slurmctld
 from air_hpc.slurm.controller import controller_addresses, refused_everywhere
 from air_hpc.slurm.fake import FakeSlurm

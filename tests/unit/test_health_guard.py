@@ -7,10 +7,11 @@ import pytest
 from air_hpc.config import load_job
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.guard import KEEP_GENERATIONS, prune_generations, rank_guard, record_verdict
-from air_hpc.health.heartbeat import read_beats, read_exit_code
+from air_hpc.health.heartbeat import read_beats
 from air_hpc.health.preflight import SharedStorageError, UnhealthyNodeError
-from air_hpc.resilience.events import read_events
-from air_hpc.rundir import RunDir
+from air_hpc.records.events import read_events
+from air_hpc.records.generation import read_exit_code
+from air_hpc.records.rundir import RunDir
 from air_hpc.train import data
 
 REPO = Path(__file__).parent.parent.parent

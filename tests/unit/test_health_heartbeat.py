@@ -11,14 +11,7 @@ import pytest
 from air_hpc.config.models import HealthConfig
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.badnodes import read_bad_nodes
-from air_hpc.health.heartbeat import (
-    Beat,
-    Heartbeat,
-    generation,
-    read_beats,
-    read_exit_code,
-    write_exit_code,
-)
+from air_hpc.health.heartbeat import Beat, Heartbeat, read_beats
 from air_hpc.health.watchdog import (
     PhaseLimits,
     StallReport,
@@ -29,7 +22,8 @@ from air_hpc.health.watchdog import (
     poll_interval_s,
     stall_path,
 )
-from air_hpc.resilience.events import EventLog, read_events
+from air_hpc.records.events import EventLog, read_events
+from air_hpc.records.generation import generation, read_exit_code, write_exit_code
 
 LIMITS = PhaseLimits(setup_s=60, step_s=10, checkpoint_s=30)
 

@@ -7,7 +7,6 @@ from air_hpc.config import load_job
 from air_hpc.config.models import JobConfig
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.badnodes import read_bad_nodes
-from air_hpc.health.heartbeat import read_exit_code
 from air_hpc.health.preflight import (
     UnhealthyNodeError,
     check_checkpoint_dir,
@@ -17,8 +16,9 @@ from air_hpc.health.preflight import (
     enforce,
     run_preflight,
 )
-from air_hpc.resilience.events import read_events
-from air_hpc.rundir import RunDir
+from air_hpc.records.events import read_events
+from air_hpc.records.generation import read_exit_code
+from air_hpc.records.rundir import RunDir
 from air_hpc.train import data
 
 REPO = Path(__file__).parent.parent.parent

@@ -15,8 +15,8 @@ from air_hpc.health.stragglers import find_stragglers
 from air_hpc.observe.progress import run_progress
 from air_hpc.observe.records import load_records
 from air_hpc.observe.report import build_report, format_report
-from air_hpc.resilience.events import EventLog, read_events
-from air_hpc.rundir import RunDir
+from air_hpc.records.events import EventLog, read_events
+from air_hpc.records.rundir import RunDir
 from air_hpc.train.straggler_watch import StragglerWatch
 
 REPO = Path(__file__).resolve().parents[2]

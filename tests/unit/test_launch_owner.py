@@ -16,8 +16,8 @@ from air_hpc.exitcodes import ExitCode
 from air_hpc.launch.local_job import ProcessIdentity
 from air_hpc.launch.owner import NotOwnerError, RunBusyError, claim, fence, read_owner
 from air_hpc.launch.submit import RunComplete, completed_step, submit
+from air_hpc.records.rundir import RunDir
 from air_hpc.resilience.store import CheckpointStore
-from air_hpc.rundir import RunDir
 from air_hpc.slurm.fake import FakeSlurm
 from air_hpc.slurm.jobs import JobState
 

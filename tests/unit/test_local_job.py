@@ -16,9 +16,9 @@ import pytest
 from air_hpc.cli.main import main
 from air_hpc.launch.control import cancel_run, run_status
 from air_hpc.launch.local_job import ProcessIdentity
-from air_hpc.launch.runs import record_exit, record_submission
+from air_hpc.records.rundir import RunDir
+from air_hpc.records.submissions import record_exit, record_submission
 from air_hpc.resilience.store import CheckpointStore
-from air_hpc.rundir import RunDir
 from air_hpc.slurm.fake import FakeSlurm
 from air_hpc.slurm.jobs import JobState
 from tests.unit.test_observe_report import preempted_run

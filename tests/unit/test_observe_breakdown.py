@@ -78,7 +78,7 @@ def test_gpu_hours_used_lost_and_their_cost(tmp_path: Path) -> None:
 
 def test_the_price_comes_from_the_hardware_profile(tmp_path: Path) -> None:
     from air_hpc.config import load_job
-    from air_hpc.rundir import RunDir
+    from air_hpc.records.rundir import RunDir
     from tests.unit.test_observe_report import REPO
 
     job = load_job(

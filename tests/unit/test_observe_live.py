@@ -9,10 +9,10 @@ from rich.console import Console
 
 from air_hpc.cli.main import cli
 from air_hpc.launch.control import RunStatus, live_view, run_status, watch_run
-from air_hpc.launch.runs import record_submission
 from air_hpc.observe.live import LiveView, live_panel, plain_line
 from air_hpc.observe.progress import RunProgress
-from air_hpc.rundir import RunDir
+from air_hpc.records.rundir import RunDir
+from air_hpc.records.submissions import record_submission
 from air_hpc.slurm.fake import FakeSlurm
 from air_hpc.slurm.jobs import JobState, JobStatus
 from tests.unit.test_observe_report import preempted_run

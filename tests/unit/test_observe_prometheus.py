@@ -19,9 +19,9 @@ from air_hpc.cli.main import cli, main
 from air_hpc.config import load_job
 from air_hpc.health.heartbeat import Heartbeat
 from air_hpc.launch.fleet import snapshot
-from air_hpc.launch.runs import record_submission
 from air_hpc.observe.prometheus import phase, registry_of, serve
-from air_hpc.rundir import RunDir
+from air_hpc.records.rundir import RunDir
+from air_hpc.records.submissions import record_submission
 from air_hpc.slurm.fake import FakeSlurm
 from air_hpc.slurm.jobs import JobState
 from tests.unit.test_observe_report import REPO, preempted_run

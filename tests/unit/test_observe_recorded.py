@@ -10,7 +10,7 @@ from air_hpc.observe.plot import plot_run
 from air_hpc.observe.progress import run_progress
 from air_hpc.observe.records import load_records
 from air_hpc.observe.report import build_report
-from air_hpc.rundir import RunDir
+from air_hpc.records.rundir import RunDir
 
 RECORDED = RunDir(Path(__file__).parent.parent / "data" / "observe" / "preempted")
 

@@ -10,7 +10,7 @@ from air_hpc.config import load_job
 from air_hpc.observe.progress import format_duration, progress_view, run_progress
 from air_hpc.observe.records import load_records
 from air_hpc.observe.report import build_report, format_report
-from air_hpc.rundir import RunDir
+from air_hpc.records.rundir import RunDir
 
 REPO = Path(__file__).parent.parent.parent
 
@@ -159,7 +159,7 @@ def test_plot_wants_a_png_and_a_started_run(tmp_path: Path) -> None:
 
 
 def test_status_shows_the_progress_bar_and_its_numbers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from air_hpc.launch.runs import record_submission
+    from air_hpc.records.submissions import record_submission
     from air_hpc.slurm.fake import FakeSlurm
 
     run_dir = preempted_run(tmp_path)

@@ -172,7 +172,7 @@ def test_start_is_recorded_and_master_derived(tmp_path: Path, stubs: Path) -> No
     assert result.stdout.strip() == f"n7:{20000 + 4242 % 20000}:1"
     (line,) = (tmp_path / "run" / "submissions.jsonl").read_text().splitlines()
     record = json.loads(line)
-    assert (record["event"], record["job_id"], record["restart_count"], record["nodelist"]) == (
+    assert (record["kind"], record["job_id"], record["restart_count"], record["nodelist"]) == (
         "started",
         "4242",
         1,

@@ -12,7 +12,7 @@ import pytest
 
 from air_hpc.config.models import SignalName
 from air_hpc.errors import ConfigError
-from air_hpc.resilience.events import EventLog, read_events
+from air_hpc.records.events import EventLog, read_events
 from air_hpc.resilience.signals import STOP_SIGNALS, Deadline, StopRequest, agree, agree_stop, signal_number
 from air_hpc.train.trainer import ALWAYS_STOP_ON
 

@@ -8,11 +8,11 @@ import pytest
 from air_hpc.cli.main import cli
 from air_hpc.config import load_job
 from air_hpc.errors import ConfigError, SlurmUnreachableError, TopologyError, UserError
-from air_hpc.launch.runs import latest_submission, record_submission, submissions
 from air_hpc.launch.submit import plan, submit
 from air_hpc.observe.progress import run_progress
 from air_hpc.observe.records import load_records
-from air_hpc.rundir import RunDir
+from air_hpc.records.rundir import RunDir
+from air_hpc.records.submissions import latest_submission, record_submission, submissions
 from air_hpc.slurm.fake import FakeClusterText, FakeSlurm
 from air_hpc.slurm.jobs import JobState
 

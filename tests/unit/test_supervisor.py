@@ -26,8 +26,8 @@ from air_hpc.launch.supervisor import (
     parse_task_failure,
     replace_nodes,
 )
-from air_hpc.resilience.events import read_events
-from air_hpc.rundir import RunDir
+from air_hpc.records.events import read_events
+from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.fake import FakeSlurm
 from air_hpc.topology import treeconf

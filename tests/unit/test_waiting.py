@@ -11,9 +11,9 @@ import pytest
 import air_hpc.topology.request
 from air_hpc.config import load_job
 from air_hpc.errors import WaitTimeoutError
-from air_hpc.launch.runs import record_submission
 from air_hpc.launch.waiting import run_deadline_s, wait_deadline_s, wait_local, wait_slurm
-from air_hpc.rundir import RunDir
+from air_hpc.records.rundir import RunDir
+from air_hpc.records.submissions import record_submission
 from air_hpc.slurm.fake import FakeSlurm
 from air_hpc.slurm.jobs import JobState, JobStatus
 

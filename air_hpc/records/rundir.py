@@ -1,4 +1,4 @@
-"""The run directory: one place that names every file a run writes.
+"""The run directory: where each file of a run lives (the names are in ``records.names``).
 
 Everything that reads or writes a run's files (submit, the trainer, resilience,
 status/logs/report) goes through :class:`RunDir`, so the layout lives here only::
@@ -10,31 +10,22 @@ status/logs/report) goes through :class:`RunDir`, so the layout lives here only:
       metrics.jsonl      one JSON object per training step (written by the last PP stage, DP rank 0)
       events.jsonl       signal / checkpoint / requeue / resume / hang / health events
       bad_nodes.txt      nodes found hung or unhealthy, one per line
+      hostfile           the rank order srun follows (written by the batch script when placement pins it)
       logs/              per-rank logs (rank-<R>.log) and the batch script's output
-      heartbeat/         per-rank heartbeat files, per start (<job id>-<restart>/): also the ranks'
-                         "armed-<rank>" (stop handler installed) and the batch shell's "stop_requested"
+      heartbeat/         one directory per start (``records.generation``): per-rank heartbeats, the ranks'
+                         "armed-<rank>", the batch shell's "stop_requested", the ranks' "exit_code"
       checkpoints/       step_0000123/ directories and the `latest` pointer
       owner.json         the one job that may write here (taken at submit, checked by every rank)
       .owner.lock        flock held while the owner is checked and replaced
       tensorboard/       TensorBoard event files (observe.tensorboard)
 """
 
-import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from air_hpc.config.load import validate_json
 from air_hpc.config.models import JobConfig
-
-log = logging.getLogger(__name__)
-
-#: In a start's heartbeat directory: a rank touches ``armed-<rank>`` once its stop handler is
-#: installed; the batch shell forwards a stop signal only when every rank is armed, and touches
-#: ``stop_requested`` first so that a rank arming later still sees the stop.
-ARMED_FILE_PREFIX = "armed-"
-STOP_REQUESTED_FILE = "stop_requested"
+from air_hpc.records import names
 
 
 @dataclass(frozen=True)
@@ -47,54 +38,65 @@ class RunDir:
 
     @property
     def job_json(self) -> Path:
-        return self.path / "job.json"
+        return self.path / names.JOB_JSON
 
     @property
     def sbatch(self) -> Path:
-        return self.path / "job.sbatch"
+        return self.path / names.SBATCH
 
     @property
     def submissions(self) -> Path:
-        return self.path / "submissions.jsonl"
+        return self.path / names.SUBMISSIONS
 
     @property
     def metrics(self) -> Path:
-        return self.path / "metrics.jsonl"
+        return self.path / names.METRICS
 
     @property
     def events(self) -> Path:
-        return self.path / "events.jsonl"
+        return self.path / names.EVENTS
 
     @property
     def bad_nodes(self) -> Path:
-        return self.path / "bad_nodes.txt"
+        return self.path / names.BAD_NODES
 
     @property
     def logs(self) -> Path:
-        return self.path / "logs"
+        return self.path / names.LOGS
 
     @property
     def heartbeat(self) -> Path:
-        return self.path / "heartbeat"
+        return self.path / names.HEARTBEAT
 
     @property
     def checkpoints(self) -> Path:
-        return self.path / "checkpoints"
+        return self.path / names.CHECKPOINTS
 
     @property
     def owner(self) -> Path:
-        return self.path / "owner.json"
+        return self.path / names.OWNER
 
     @property
     def owner_lock(self) -> Path:
-        return self.path / ".owner.lock"
+        return self.path / names.OWNER_LOCK
 
     @property
     def tensorboard(self) -> Path:
-        return self.path / "tensorboard"
+        return self.path / names.TENSORBOARD
+
+    @property
+    def hostfile(self) -> Path:
+        return self.path / names.HOSTFILE
 
     def rank_log(self, rank: int) -> Path:
-        return self.logs / f"rank-{rank}.log"
+        return self.logs / names.RANK_LOG.format(rank=rank)
+
+    def batch_logs(self, job_id: str) -> tuple[Path, Path]:
+        """The batch script's stdout and stderr files of one job."""
+        return (
+            self.logs / names.BATCH_STDOUT.replace("%j", job_id),
+            self.logs / names.BATCH_STDERR.replace("%j", job_id),
+        )
 
     def write_job(self, job: JobConfig) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -102,23 +104,3 @@ class RunDir:
 
     def read_job(self) -> JobConfig:
         return validate_json(self.job_json)
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The objects of a JSON-lines run file; a line torn by a killed writer is skipped with a warning."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return []
-    rows = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            log.warning("%s:%d: skipping a line that is not JSON (torn write?)", path, number)
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows

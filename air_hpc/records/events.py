@@ -1,18 +1,17 @@
-"""The run's event log: one JSON object per line, durable before ``emit`` returns.
+"""The run's event log (events.jsonl): one JSON object per line, durable before ``emit`` returns.
 
 Events are what a person reads after a preemption ("signal at 12:03, checkpoint
 step 40 in 1.2 s, requeued, resumed from 40"), so each line is flushed and
-fsynced: a crash right after ``emit`` must not lose it.
+fsynced: a crash right after ``emit`` must not lose it. The batch script's
+lines (signal, requeue, preempted) follow the same schema (``records.jsonl``).
 """
 
-import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
 
-from air_hpc.rundir import read_jsonl
+from air_hpc.records.jsonl import append, read_jsonl, record
 
 log = logging.getLogger(__name__)
 
@@ -25,16 +24,8 @@ class EventLog:
 
     def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
         """Write ``{"time": ..., "kind": kind, **fields}`` as one line and fsync it."""
-        event = {"time": time.time(), "kind": kind, **fields}
-        line = json.dumps(event, sort_keys=False, default=str) + "\n"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # O_APPEND keeps lines whole when several processes emit into one file.
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line.encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        event = record(kind, time.time(), **fields)
+        append(self.path, event, durable=True)
         log.info("event %s %s", kind, fields)
         return event
 

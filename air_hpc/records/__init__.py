@@ -1,0 +1,12 @@
+"""A run's records: the one owner of every file a run directory holds and of how it is written and read.
+
+==================  ============================================================================
+``names``           every file name (standard library only; the batch template gets them via the
+                    render context, never as literals) and the JSON-lines schema key
+``rundir``          :class:`RunDir`: where each file lives under ``<run.root>/<run.name>/``
+``jsonl``           the shared JSON-lines schema (``time``, ``kind``), the appender, the tolerant reader
+``events``          ``events.jsonl``: :class:`EventLog` (fsynced) and ``read_events``
+``submissions``     ``submissions.jsonl``: attempts, submissions, starts, rank exits, cancels
+``generation``      one start's directory under ``heartbeat/``: its name, heartbeat paths, exit-code file
+==================  ============================================================================
+"""

@@ -1,0 +1,60 @@
+"""JSON-lines run files (events.jsonl, submissions.jsonl): one schema, one reader, one appender.
+
+Every line is an object ``{"time": <epoch s>, "kind": <what happened>, ...}``.
+Readers trust nothing on disk: a line torn by a killed writer is skipped, and
+lines written before the schema was shared (``"event"`` instead of ``"kind"``)
+are read as if they said ``"kind"``.
+"""
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from air_hpc.records.names import KIND, LEGACY_KIND
+
+log = logging.getLogger(__name__)
+
+
+def record(kind: str, time_s: float, **fields: Any) -> dict[str, Any]:
+    """One line of a run file, in the shared schema."""
+    return {"time": time_s, KIND: kind, **fields}
+
+
+def append(path: Path, row: dict[str, Any], *, durable: bool = False) -> None:
+    """Append ``row`` as one line; ``durable``: fsync before returning (a crash right after must not lose it).
+
+    O_APPEND with one ``write`` keeps lines whole when several processes append to one file.
+    """
+    line = json.dumps(row, default=str) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The objects of a JSON-lines run file; a line torn by a killed writer is skipped with a warning."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            log.warning("%s:%d: skipping a line that is not JSON (torn write?)", path, number)
+            continue
+        if isinstance(row, dict):
+            if KIND not in row and LEGACY_KIND in row:
+                row[KIND] = row.pop(LEGACY_KIND)
+            rows.append(row)
+    return rows
