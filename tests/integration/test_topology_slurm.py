@@ -18,6 +18,7 @@ from air_hpc.slurm import hostlist
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.nodes import SINFO_ARGS, fetch_node_states, parse_sinfo
 from air_hpc.testbed.cloud import CloudController
+from air_hpc.testbed.ports import PORT_RANGE
 from air_hpc.topology import treeconf
 from air_hpc.topology.fabric import Fabric
 from air_hpc.topology.ibnetdiscover import import_ibnetdiscover
@@ -152,6 +153,20 @@ def superpod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Fabric,
 def test_multi_rail_import_is_accepted_with_every_node_once(superpod: tuple[Fabric, CloudController]) -> None:
     fabric, _ = superpod
     assert len(fabric.nodes) == 8
+
+
+def test_the_cloud_controller_listens_on_a_port_from_the_shared_picker(
+    superpod: tuple[Fabric, CloudController],
+) -> None:
+    """Below the ephemeral range, like the testbed's daemons (bind(0) drew one from it: the race)."""
+    _, ctl = superpod
+    ports = [
+        int(line.split("=", 1)[1])
+        for line in ctl.conf.read_text().splitlines()
+        if line.split("=", 1)[0] in ("SlurmctldPort", "SlurmdPort")
+    ]
+    assert len(ports) == 2 and all(PORT_RANGE[0] <= p <= PORT_RANGE[1] for p in ports), ports
+    assert "is UP" in ctl.client.run(["scontrol", "ping"]).stdout
 
 
 def test_three_level_import_is_accepted(tmp_path: Path) -> None:
