@@ -2,14 +2,18 @@
 
 ``bind(0)`` hands out a port from Linux's ephemeral range (32768-60999), where any outgoing
 connection of a busy neighbour may take it between our choice and the daemon's own bind. Ports are
-drawn below that range instead, and held open together while choosing, so they are distinct.
+drawn below that range instead, and below the span jobs' ``MASTER_PORT`` is drawn from (a daemon
+holding a job's rendezvous port would fail that job's rank 0), and held open together while
+choosing, so they are distinct.
 """
 
 import random
 import socket
 
-#: Below Linux's default ephemeral range (32768-60999).
-PORT_RANGE = (20000, 32767)
+from air_hpc.render.spec import MASTER_PORT_BASE
+
+#: Below jobs' MASTER_PORT span (20000-31999), itself below Linux's default ephemeral range (32768-60999).
+PORT_RANGE = (10000, MASTER_PORT_BASE - 1)
 
 
 def free_ports(count: int, rng: random.Random | None = None) -> list[int]:

@@ -8,6 +8,7 @@ import pytest
 
 from air_hpc.cli.testbed_cmd import parse_leaves
 from air_hpc.errors import TestbedError, UserError
+from air_hpc.render.spec import MASTER_PORT_SPAN, master_port
 from air_hpc.testbed import Testbed, conf
 from air_hpc.testbed.cluster import missing_packages, namespace_members
 from air_hpc.testbed.ports import PORT_RANGE, free_ports
@@ -91,6 +92,13 @@ def test_free_ports_are_distinct_and_below_the_ephemeral_range() -> None:
     ports = free_ports(20)
     assert len(set(ports)) == 20
     assert all(PORT_RANGE[0] <= p <= PORT_RANGE[1] < 32768 for p in ports)
+
+
+def test_no_daemon_port_can_be_a_jobs_rendezvous_port() -> None:
+    """A daemon holding the MASTER_PORT a job id maps to would fail that job's rank 0 with EADDRINUSE."""
+    job_ports = {master_port(job_id) for job_id in range(MASTER_PORT_SPAN)}
+    assert not job_ports & set(range(PORT_RANGE[0], PORT_RANGE[1] + 1))
+    assert all(p not in job_ports for p in free_ports(50))
 
 
 def test_namespace_members_finds_by_key_skips_the_unreadable_and_never_this_process() -> None:
