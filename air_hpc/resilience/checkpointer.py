@@ -41,6 +41,7 @@ import gc
 import logging
 import multiprocessing
 import os
+import queue
 import shutil
 import signal
 import threading
@@ -49,15 +50,63 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
+from air_hpc.config.layout import ParallelLayout
 from air_hpc.errors import CheckpointError, UnusableCheckpointsError
 from air_hpc.records.events import EventLog
 from air_hpc.resilience import state
-from air_hpc.resilience.signals import agree
 from air_hpc.resilience.store import Check, CheckpointStore, record_hashes, step_name
+from air_hpc.train.collectives import Collectives, ProcessGroup
 
 log = logging.getLogger(__name__)
+
+
+class CheckpointFormat(Protocol):
+    """What the checkpointer needs of a checkpoint format; :class:`state.DistCheckpoint` is Megatron's.
+
+    A save is planned by every rank together (``plan`` returns this rank's request), written by
+    each rank alone (``write``, possibly in a forked writer after ``stage``), and finalized by
+    every rank together (``finalize``, after the write results were put on ``results_queue``).
+    """
+
+    def plan(
+        self,
+        directory: Path,
+        step: int,
+        model_chunks: Sequence[Any],
+        optimizer: Any,
+        scheduler: Any,
+        extra: dict[str, Any],
+        validate: bool,
+    ) -> Any: ...
+
+    def stage(self, request: Any) -> Any: ...
+
+    def writes(self, request: Any) -> bool:
+        """This rank has something to write for ``request`` (else no writer is started)."""
+        ...
+
+    def write(self, request: Any, stage_to_host: bool, results: Any) -> None: ...
+
+    def shard_files(self, request: Any) -> list[Path]: ...
+
+    def results_queue(self) -> "queue.Queue[Any]": ...
+
+    def finalize(self, request: Any) -> None: ...
+
+    def check(self, directory: Path) -> None:
+        """Raise :class:`CheckpointError` if loading ``directory`` would run anything it holds."""
+        ...
+
+    def load(
+        self,
+        directory: Path,
+        model_chunks: Sequence[Any],
+        optimizer: Any,
+        scheduler: Any,
+        reseed: Callable[[int], None] | None,
+    ) -> state.Loaded: ...
 
 
 @dataclass
@@ -98,19 +147,21 @@ class _Pending:
             self.alive_fd = None
 
 
-def _write_and_hash(request: Any, staging: Path, rank: int, stage_to_host: bool, results: Any) -> float:
+def _write_and_hash(
+    fmt: CheckpointFormat, request: Any, staging: Path, rank: int, stage_to_host: bool, results: Any
+) -> float:
     """Write this rank's shards (write results go to ``results.put``) and record their sha256.
 
     Returns the seconds spent hashing. A write error that Megatron's writer reports as its
     result (a worker's ``OSError``, say) is raised here, before anything is hashed.
     """
     collected = _Collect()
-    state.run_request(request, stage_to_host=stage_to_host, results=collected)
+    fmt.write(request, stage_to_host, collected)
     results.put(collected.item)
     if isinstance(collected.item, BaseException):
         raise collected.item
     started = time.perf_counter()
-    record_hashes(staging, f"rank{rank}", state.shard_files(request))
+    record_hashes(staging, f"rank{rank}", fmt.shard_files(request))
     return time.perf_counter() - started
 
 
@@ -190,7 +241,9 @@ def _die_with_rank(alive_fd: int) -> None:
     threading.Thread(target=watch, name="writer-lifeline", daemon=True).start()
 
 
-def _background_writer(request: Any, staging: Path, rank: int, conn: Connection, alive: tuple[int, int]) -> None:
+def _background_writer(
+    fmt: CheckpointFormat, request: Any, staging: Path, rank: int, conn: Connection, alive: tuple[int, int]
+) -> None:
     """The forked writer of an async save: write, hash, send the write results to the rank, exit.
 
     Runs at a lower CPU priority so that on a busy node the training ranks keep their cores, and
@@ -212,7 +265,7 @@ def _background_writer(request: Any, staging: Path, rank: int, conn: Connection,
     os.nice(_WRITER_NICENESS)
     collected = _Collect()
     try:
-        _write_and_hash(request, staging, rank, False, collected)
+        _write_and_hash(fmt, request, staging, rank, False, collected)
     except Exception as exc:
         log.exception("rank %d: the background writer failed", rank)
         conn.send((None, describe_error(exc, staging)))
@@ -228,12 +281,12 @@ _WRITER_NICENESS = 10
 _WAIT_POLL_S = 0.5
 
 
-def _start_writer(request: Any, staging: Path, rank: int) -> tuple[Any, Connection, int]:
+def _start_writer(fmt: CheckpointFormat, request: Any, staging: Path, rank: int) -> tuple[Any, Connection, int]:
     """Fork the background writer; returns it, the pipe it reports on, and the rank's end of its lifeline."""
     ctx = multiprocessing.get_context("fork")
     conn, child_end = ctx.Pipe(duplex=False)
     alive = os.pipe()
-    process = ctx.Process(target=_background_writer, args=(request, staging, rank, child_end, alive), daemon=False)
+    process = ctx.Process(target=_background_writer, args=(fmt, request, staging, rank, child_end, alive), daemon=False)
     process.start()
     _lead_own_process_group(cast(int, process.pid))  # a started process has one
     child_end.close()
@@ -263,30 +316,38 @@ class Checkpointer:
         events: EventLog | None,
         async_save: bool,
         *,
+        layout: ParallelLayout,
+        checkpoint_format: CheckpointFormat | None = None,
+        collectives: Collectives | None = None,
         device: str = "cpu",
         verify: Check = "sha256",
         async_blocker: str | None = None,
         async_wait_s: float = 600.0,
         allow_fresh_start: bool = False,
     ) -> None:
-        """``async_blocker``: why async saving cannot be used here (then every save is synchronous).
+        """``layout``: this run's TP/PP/DP layout, saved with each checkpoint and compared on resume.
+
+        ``checkpoint_format`` (default: Megatron's ``dist_checkpointing`` in ``layout``) and
+        ``collectives`` (default: the default process group) are parameters so that unit tests
+        can drive the save/wait/abandon logic with fakes.
+        ``async_blocker``: why async saving cannot be used here (then every save is synchronous).
 
         ``async_wait_s``: the longest a save (or :meth:`wait`) waits for the previous async save's writers.
         ``allow_fresh_start``: start from scratch when checkpoints exist but none is usable.
         """
-        import torch.distributed as dist
-
         self.store = store
         self.events = events
+        self.format: CheckpointFormat = checkpoint_format or state.DistCheckpoint(layout)
+        self.comm: Collectives = collectives or ProcessGroup()
         self.device = device
         self.verify = verify
-        self.rank = dist.get_rank()
+        self.rank = self.comm.rank
         self.async_save = async_save and async_blocker is None
         self.async_wait_s = async_wait_s
         self.allow_fresh_start = allow_fresh_start
         self._trusted: set[int] = set()
         self._pending: _Pending | None = None
-        self._results = state.results_queue()
+        self._results = self.format.results_queue()
         self._validated = False
         self._commit: threading.Thread | None = None
         self._commit_error: BaseException | None = None
@@ -338,8 +399,6 @@ class Checkpointer:
         sync: bool,
         reason: str,
     ) -> None:
-        import torch.distributed as dist
-
         started = time.perf_counter()
         state.drain(self._results)
         pending = _Pending(step, None, None, started, 0.0, reason, {})
@@ -349,34 +408,34 @@ class Checkpointer:
                 self.store.begin(step)
             except OSError as exc:
                 error = describe_error(exc, self._staging_path(step))
-        if agree(error is not None):  # also the barrier before the ranks write into the staging directory
+        if self.comm.any_rank(error is not None):  # also the barrier before the ranks write into the staging directory
             self._fail(step, error or "on rank 0")
         staging = self.store.staging_dir(step)
         lap = pending.lap("begin", started)
-        pending.request = state.prepare_save(
+        pending.request = self.format.plan(
             staging, step, model_chunks, optimizer, scheduler, extra, validate=not self._validated
         )
         self._validated = True
         lap = pending.lap("plan", lap)
         if sync or not self.async_save:
             try:
-                hash_s = _write_and_hash(pending.request, staging, self.rank, self.device == "cuda", self._results)
+                hash_s = _write_and_hash(
+                    self.format, pending.request, staging, self.rank, self.device == "cuda", self._results
+                )
                 pending.phases["hash"] = round(hash_s, 4)
             except Exception as exc:
                 log.exception("writing the shards of step %d failed", step)
                 pending.error = describe_error(exc, staging)
             pending.lap("write", lap)
             self._finish(pending, sync=True)
-            dist.barrier()
+            self.comm.barrier()
             return
         request = pending.request
-        args = list(request.async_fn_args)
-        if self.device == "cuda" and request.preload_fn is not None:
-            args[1] = request.preload_fn()
+        if self.device == "cuda":
+            request = self.format.stage(request)
             lap = pending.lap("stage", lap)
-        if request.async_fn is not None:
-            staged = request._replace(async_fn_args=tuple(args), preload_fn=None)
-            pending.process, pending.conn, pending.alive_fd = _start_writer(staged, staging, self.rank)
+        if self.format.writes(request):
+            pending.process, pending.conn, pending.alive_fd = _start_writer(self.format, request, staging, self.rank)
             pending.lap("fork", lap)
         pending.stall_s = time.perf_counter() - started
         self._pending = pending
@@ -396,7 +455,7 @@ class Checkpointer:
         pending = self._pending
         if pending is None:
             return False
-        if agree(pending.unreported()):
+        if self.comm.any_rank(pending.unreported()):
             return False
         self._pending = None
         self._finish(pending, sync=False)
@@ -407,7 +466,7 @@ class Checkpointer:
         pending = self._pending
         if pending is None:
             return
-        if not agree(pending.unreported()):
+        if not self.comm.any_rank(pending.unreported()):
             return
         self._pending = None
         pending.stop_writer()
@@ -436,8 +495,8 @@ class Checkpointer:
         otherwise block this save until the watchdog ends the job.
         """
         waited_from = time.monotonic()
-        while agree(pending.unreported(_WAIT_POLL_S)):
-            if not agree(time.monotonic() - waited_from > self.async_wait_s):
+        while self.comm.any_rank(pending.unreported(_WAIT_POLL_S)):
+            if not self.comm.any_rank(time.monotonic() - waited_from > self.async_wait_s):
                 continue
             pending.stop_writer()
             why = f"the background writers did not finish within {self.async_wait_s:g} s; the save is abandoned"
@@ -462,10 +521,10 @@ class Checkpointer:
             pending.release_writer()
             if pending.process.exitcode != 0 and pending.error is None:
                 pending.error = f"the background writer exited with {pending.process.exitcode}"
-        if agree(pending.error is not None):
+        if self.comm.any_rank(pending.error is not None):
             self._fail(pending.step, pending.error or "on another rank")
         lap = time.perf_counter()
-        state.finalize_request(pending.request)
+        self.format.finalize(pending.request)
         pending.lap("finalize", lap)
         if self.rank != 0:
             return
@@ -542,30 +601,23 @@ class Checkpointer:
         sizes and hashes its share of the files (``checkpoint.verify: sha256``), so reading the
         checkpoint back is spread over the ranks and nodes; one all-gather collects the verdicts.
         """
-        import torch.distributed as dist
-
-        from air_hpc.resilience.safe_load import check_checkpoint
-
-        rank, world = self.rank, dist.get_world_size()
-        listing: list[Any] = [None]
+        rank, world = self.rank, self.comm.world_size
+        listing: list[int] | None = None
         if rank == 0:
             for path in self.store.partial():
                 log.warning("ignoring %s: a save that did not finish", path)
                 self._emit("checkpoint_partial", path=str(path), why="save did not finish; ignored")
-            listing = [sorted(self.store.committed_steps(), reverse=True)]
-        dist.broadcast_object_list(listing, src=0)
+            listing = sorted(self.store.committed_steps(), reverse=True)
         failures: list[str] = []
-        for step in listing[0]:
+        for step in self.comm.broadcast_from_0(listing):
             problem = None
             try:
                 self.store.verify(step, check=self.verify, share=(rank, world))
                 if rank == 0:
-                    check_checkpoint(self.store.path(step))  # a planted pickle: refused like a corrupt file
+                    self.format.check(self.store.path(step))  # a planted pickle: refused like a corrupt file
             except CheckpointError as exc:
                 problem = str(exc)
-            problems: list[Any] = [None] * world
-            dist.all_gather_object(problems, problem)
-            found = [p for p in problems if p]
+            found = [p for p in self.comm.gather(problem) if p]
             if not found:
                 self._trusted.add(int(step))
                 return int(step)
@@ -599,7 +651,7 @@ class Checkpointer:
                 log.info("no checkpoint to resume from in %s: starting from scratch", self.store.root)
             return None
         started = time.perf_counter()
-        loaded = state.load(self.store.path(step), model_chunks, optimizer, scheduler, reseed=reseed)
+        loaded = self.format.load(self.store.path(step), model_chunks, optimizer, scheduler, reseed)
         if self.rank == 0:
             self._emit(
                 "resume",

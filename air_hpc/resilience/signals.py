@@ -21,6 +21,7 @@ from air_hpc.digits import ascii_int
 from air_hpc.errors import ConfigError
 from air_hpc.records.names import ARMED_FILE_PREFIX, STOP_REQUESTED_FILE
 from air_hpc.slurm.env import JOB_END_TIME, JOB_START_TIME, SlurmEnv, epoch_seconds
+from air_hpc.train import collectives
 
 log = logging.getLogger(__name__)
 
@@ -116,20 +117,8 @@ def agree(flag: bool, group: Any = None) -> bool:
     """True on every rank if ``flag`` is true on any rank: one MAX all-reduce of one int.
 
     Without an initialised process group (a single process) the flag is returned as is.
-    On NCCL the tensor lives on the current GPU, on gloo on the CPU.
     """
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return flag
-    if dist.get_backend(group) == "nccl":
-        device = torch.device("cuda", torch.cuda.current_device())
-    else:
-        device = torch.device("cpu")
-    value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
-    return bool(value.item())
+    return collectives.any_rank(flag, group)
 
 
 #: Stop reasons in the order they win when ranks disagree (the larger code wins the MAX).
@@ -142,15 +131,7 @@ def agree_stop(stop: "StopRequest", deadline: "Deadline", group: Any = None, now
     One MAX all-reduce: a signal on any rank stops everyone; clocks that differ slightly across
     nodes cannot split the decision.
     """
-    import torch
-    import torch.distributed as dist
-
-    code = 2 if stop.requested else 1 if deadline.reached(now_s) else 0
-    if dist.is_available() and dist.is_initialized():
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
-        value = torch.tensor([code], dtype=torch.int32, device=device)
-        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
-        code = int(value.item())
+    code = collectives.max_int(2 if stop.requested else 1 if deadline.reached(now_s) else 0, group)
     return STOP_REASONS[code - 1] if code else None
 
 

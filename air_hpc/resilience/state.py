@@ -28,6 +28,7 @@ from typing import Any
 from air_hpc.config.layout import ParallelLayout
 from air_hpc.errors import CheckpointError
 from air_hpc.resilience.safe_load import check_checkpoint
+from air_hpc.train import collectives
 
 log = logging.getLogger(__name__)
 
@@ -45,19 +46,6 @@ class Loaded:
     saved_layout: ParallelLayout
     layout_changed: bool
     rng_restored: bool
-
-
-def current_layout() -> ParallelLayout:
-    """The layout Megatron's parallel state was initialised with (read only)."""
-    from megatron.core import parallel_state as ps
-
-    vpp = ps.get_virtual_pipeline_model_parallel_world_size()
-    return ParallelLayout(
-        tp=ps.get_tensor_model_parallel_world_size(),
-        pp=ps.get_pipeline_model_parallel_world_size(),
-        dp=ps.get_data_parallel_world_size(),
-        vpp=vpp if vpp and vpp > 1 else None,
-    )
 
 
 def sharded_state_dict(
@@ -151,27 +139,15 @@ def _rng_row(rank: int, world: int, length: int | None = None) -> tuple[Any, int
     MAX all-reduce when saving; read from the state file when loading.
     """
     import torch
-    import torch.distributed as dist
     from megatron.core.dist_checkpointing import ShardedTensor
 
     payload = json.dumps(capture_rng()).encode()
     if length is None:
-        size = torch.tensor([len(payload)], dtype=torch.int64, device=_collective_device())
-        dist.all_reduce(size, op=dist.ReduceOp.MAX)
-        length = int(size.item())
+        length = collectives.max_int(len(payload))
     data = torch.full((1, length), ord(" "), dtype=torch.uint8)
     data[0, : len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
     row = ShardedTensor.from_rank_offsets(RNG_KEY, data, (0, rank, world), replica_id=0)
     return row, length
-
-
-def _collective_device() -> Any:
-    import torch
-    import torch.distributed as dist
-
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 # -- save / load -------------------------------------------------------------------------------
@@ -210,7 +186,8 @@ def prepare_save(
     optimizer: Any,
     scheduler: Any,
     extra: dict[str, Any],
-    layout: ParallelLayout | None = None,
+    *,
+    layout: ParallelLayout,
     validate: bool = True,
 ) -> Any:
     """Plan a save of this rank's state into ``directory`` (all ranks); returns Megatron's AsyncRequest.
@@ -226,7 +203,6 @@ def prepare_save(
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
 
-    layout = layout or current_layout()
     rank, world = dist.get_rank(), dist.get_world_size()
     row, rng_len = _rng_row(rank, world)
     state = sharded_state_dict(model_chunks, optimizer, row, is_loading=False)
@@ -246,10 +222,10 @@ def save(
     extra: dict[str, Any],
     *,
     step: int,
-    layout: ParallelLayout | None = None,
+    layout: ParallelLayout,
 ) -> None:
     """Synchronous save of all ranks' state into ``directory`` (collective; returns when written)."""
-    request = prepare_save(directory, step, model_chunks, optimizer, scheduler, extra, layout)
+    request = prepare_save(directory, step, model_chunks, optimizer, scheduler, extra, layout=layout)
     run_request(request)
     finalize_request(request)
 
@@ -259,6 +235,21 @@ def shard_files(request: Any) -> list[Path]:
     if request.async_fn is None:
         return []
     return [Path(bucket[0]) for bucket in request.async_fn_args[1]]
+
+
+def staged(request: Any) -> Any:
+    """``request`` with its GPU tensors copied to host memory now, ready for a forked writer.
+
+    The copy (Megatron's ``preload_fn``) must happen in the rank: a forked child cannot use
+    the parent's CUDA context. A request with nothing to stage is returned as it is.
+    """
+    from megatron.core.dist_checkpointing.strategies.async_utils import AsyncRequest
+
+    if request.async_fn is None or request.preload_fn is None:
+        return request
+    args = list(request.async_fn_args)
+    args[1] = request.preload_fn()
+    return AsyncRequest(request.async_fn, tuple(args), request.finalize_fns, request.async_fn_kwargs)
 
 
 #: What Megatron's writer does that :func:`results_queue` replaces; its unit test fails when it changes.
@@ -353,7 +344,7 @@ def load(
     optimizer: Any,
     scheduler: Any,
     *,
-    layout: ParallelLayout | None = None,
+    layout: ParallelLayout,
     reseed: Callable[[int], None] | None = None,
 ) -> Loaded:
     """Load ``directory`` into this rank's model, optimizer and scheduler (collective).
@@ -365,7 +356,6 @@ def load(
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
 
-    layout = layout or current_layout()
     doc = read_state_file(directory)
     saved = ParallelLayout(**doc["layout"])
     same = saved == layout
@@ -387,3 +377,59 @@ def load(
         log.warning("layout changed from %s to %s: resharded; RNG re-derived from step %d", saved, layout, step)
         (reseed or reseed_all)(step)
     return Loaded(step=step, extra=dict(doc["extra"]), saved_layout=saved, layout_changed=not same, rng_restored=same)
+
+
+class DistCheckpoint:
+    """The checkpoint format as the :class:`~air_hpc.resilience.checkpointer.Checkpointer` drives it.
+
+    Binds the layout (the caller's, never read from Megatron's globals) to the functions
+    above, so the checkpointer holds one object it can be given a fake of in unit tests.
+    """
+
+    def __init__(self, layout: ParallelLayout) -> None:
+        self.layout = layout
+
+    def plan(
+        self,
+        directory: Path,
+        step: int,
+        model_chunks: Sequence[Any],
+        optimizer: Any,
+        scheduler: Any,
+        extra: dict[str, Any],
+        validate: bool,
+    ) -> Any:
+        return prepare_save(
+            directory, step, model_chunks, optimizer, scheduler, extra, layout=self.layout, validate=validate
+        )
+
+    def stage(self, request: Any) -> Any:
+        return staged(request)
+
+    def writes(self, request: Any) -> bool:
+        return request.async_fn is not None
+
+    def write(self, request: Any, stage_to_host: bool, results: Any) -> None:
+        run_request(request, stage_to_host=stage_to_host, results=results)
+
+    def shard_files(self, request: Any) -> list[Path]:
+        return shard_files(request)
+
+    def results_queue(self) -> "queue.Queue[Any]":
+        return results_queue()
+
+    def finalize(self, request: Any) -> None:
+        finalize_request(request)
+
+    def check(self, directory: Path) -> None:
+        check_checkpoint(directory)
+
+    def load(
+        self,
+        directory: Path,
+        model_chunks: Sequence[Any],
+        optimizer: Any,
+        scheduler: Any,
+        reseed: Callable[[int], None] | None,
+    ) -> Loaded:
+        return load(directory, model_chunks, optimizer, scheduler, layout=self.layout, reseed=reseed)

@@ -93,6 +93,7 @@ def train(
         CheckpointStore(run_dir.checkpoints, job.checkpoint.keep_last, job.checkpoint.keep_every),
         events,
         job.checkpoint.async_save,
+        layout=ctx.layout,
         device=job.hardware.device,
         verify=job.checkpoint.verify,
         async_wait_s=job.checkpoint.async_wait_s,

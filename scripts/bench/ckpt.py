@@ -139,8 +139,8 @@ def worker(args: argparse.Namespace) -> None:
             return time.perf_counter() - started
 
         events = EventLog(workdir / "events.jsonl")
-        sync_ckpt = Checkpointer(store, events, async_save=False)
-        async_ckpt = Checkpointer(store, events, async_save=True)
+        sync_ckpt = Checkpointer(store, events, async_save=False, layout=ctx.layout)
+        async_ckpt = Checkpointer(store, events, async_save=True, layout=ctx.layout)
         train(2)
         step_s = statistics.median(train(args.steps) for _ in range(3)) / args.steps
 
@@ -195,7 +195,9 @@ def worker(args: argparse.Namespace) -> None:
 
         cold_s: list[float] = []
         load_s: dict[str, list[float]] = {"sha256": [], "size": []}
-        loaders = {c: Checkpointer(store, None, async_save=False, verify=c) for c in ("sha256", "size")}
+        loaders = {
+            c: Checkpointer(store, None, async_save=False, verify=c, layout=ctx.layout) for c in ("sha256", "size")
+        }
         for _ in range(args.repeats):
             if args.rank == 0:
                 cold_s.append(cold_read_s(files))

@@ -23,6 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
+from air_hpc.config.layout import ParallelLayout
 from air_hpc.errors import CheckpointError, UnusableCheckpointsError
 from air_hpc.records.events import EventLog, read_events
 from air_hpc.resilience import state
@@ -33,6 +34,7 @@ from tests.integration.waiting import wait_for
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
+LAYOUT = ParallelLayout(tp=1, pp=1, dp=1)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +70,7 @@ def save(ckpt: Checkpointer, model: Any, step: int, sync: bool) -> None:
 
 def test_async_save_commits_after_poll_and_wait(model: Any, tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path / "checkpoints", keep_last=2)
-    ckpt = Checkpointer(store, EventLog(tmp_path / "events.jsonl"), async_save=True)
+    ckpt = Checkpointer(store, EventLog(tmp_path / "events.jsonl"), async_save=True, layout=LAYOUT)
     save(ckpt, model, 1, sync=False)
     assert ckpt.writing and store.committed_steps() == []  # nothing visible before the commit
     while not ckpt.poll():
@@ -93,7 +95,7 @@ def test_a_failed_write_fails_the_save_and_keeps_the_previous_checkpoint(
 ) -> None:
     store = CheckpointStore(tmp_path / "checkpoints", keep_last=5)
     events = EventLog(tmp_path / "events.jsonl")
-    ckpt = Checkpointer(store, events, async_save=True)
+    ckpt = Checkpointer(store, events, async_save=True, layout=LAYOUT)
     save(ckpt, model, 1, sync=True)
     with monkeypatch.context() as patch:
         patch.setattr(state, "run_request", _failing_write)  # the forked writer inherits it
@@ -141,7 +143,7 @@ def test_a_preemption_save_supersedes_an_unfinished_async_write(
 ) -> None:
     store = CheckpointStore(tmp_path / "checkpoints", keep_last=5)
     events = EventLog(tmp_path / "events.jsonl")
-    ckpt = Checkpointer(store, events, async_save=True)
+    ckpt = Checkpointer(store, events, async_save=True, layout=LAYOUT)
     worker = save_with_stuck_writer(ckpt, model, 2, tmp_path, monkeypatch)
     writer = ckpt._pending.process if ckpt._pending else None
     started = time.monotonic()
@@ -161,7 +163,7 @@ def test_a_save_abandons_async_writers_that_do_not_report_in_time(
 ) -> None:
     store = CheckpointStore(tmp_path / "checkpoints", keep_last=5)
     events = EventLog(tmp_path / "events.jsonl")
-    ckpt = Checkpointer(store, events, async_save=True, async_wait_s=1)
+    ckpt = Checkpointer(store, events, async_save=True, async_wait_s=1, layout=LAYOUT)
     save(ckpt, model, 1, sync=True)
     worker = save_with_stuck_writer(ckpt, model, 2, tmp_path, monkeypatch)
     started = time.monotonic()
@@ -176,7 +178,7 @@ def test_a_save_abandons_async_writers_that_do_not_report_in_time(
 
 def test_resume_finds_the_newest_and_restores_progress(model: Any, tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path / "checkpoints", keep_last=5)
-    ckpt = Checkpointer(store, EventLog(tmp_path / "events.jsonl"), async_save=False)
+    ckpt = Checkpointer(store, EventLog(tmp_path / "events.jsonl"), async_save=False, layout=LAYOUT)
     assert ckpt.resume(model.chunks, model.optimizer, model.scheduler) is None  # the first start
     save(ckpt, model, 4, sync=True)
     loaded = ckpt.resume(model.chunks, model.optimizer, model.scheduler)
@@ -245,7 +247,7 @@ def test_a_full_disk_fails_the_save_with_path_and_errno_and_removes_it(model: An
     with mounted(tmp_path / "small", "-t", "tmpfs", "-o", "size=1m", "tmpfs") as small:
         store = CheckpointStore(small / "checkpoints", keep_last=5)
         events = EventLog(tmp_path / "events.jsonl")
-        ckpt = Checkpointer(store, events, async_save=True)
+        ckpt = Checkpointer(store, events, async_save=True, layout=LAYOUT)
         with pytest.raises(CheckpointError) as failed:
             save(ckpt, model, 1, sync=sync)  # 3.6 MB of shards on a 1 MB file system
             ckpt.wait()
@@ -262,7 +264,7 @@ def test_a_read_only_file_system_fails_the_save_in_one_line(model: Any, tmp_path
     root = tmp_path / "ckpt"
     store = CheckpointStore(root / "checkpoints", keep_last=5)
     events = EventLog(tmp_path / "events.jsonl")
-    ckpt = Checkpointer(store, events, async_save=False)
+    ckpt = Checkpointer(store, events, async_save=False, layout=LAYOUT)
     save(ckpt, model, 1, sync=True)
     ckpt.close()
     read_only = r"^saving step 2 failed: .*: Read-only file system \(errno 30, EROFS\)$"
@@ -276,7 +278,7 @@ def test_a_read_only_file_system_fails_the_save_in_one_line(model: Any, tmp_path
 def test_resume_refuses_to_start_over_checkpoints_that_all_fail(model: Any, tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path / "checkpoints", keep_last=5)
     events = EventLog(tmp_path / "events.jsonl")
-    ckpt = Checkpointer(store, events, async_save=False)
+    ckpt = Checkpointer(store, events, async_save=False, layout=LAYOUT)
     for step in (1, 2):
         save(ckpt, model, step, sync=True)
     ckpt.close()
@@ -291,7 +293,7 @@ def test_resume_refuses_to_start_over_checkpoints_that_all_fail(model: Any, tmp_
     message = str(refused.value)
     assert all(str(next(store.path(s).glob("*.distcp"))) in message for s in (1, 2))
     assert "checkpoint.allow_fresh_start=true" in message
-    fresh = Checkpointer(store, events, async_save=False, allow_fresh_start=True)
+    fresh = Checkpointer(store, events, async_save=False, allow_fresh_start=True, layout=LAYOUT)
     assert fresh.resume(model.chunks, model.optimizer, model.scheduler) is None
     assert store.committed_steps() == [1, 2]  # kept: they may still be recoverable
     assert [e["kind"] for e in read_events(events.path)][-1] == "fresh_start"
@@ -308,7 +310,7 @@ def test_a_planted_pickle_is_skipped_like_a_corrupt_checkpoint(
     monkeypatch.chdir(tmp_path)
     store = CheckpointStore(tmp_path / "checkpoints", keep_last=5)
     events = EventLog(tmp_path / "events.jsonl")
-    ckpt = Checkpointer(store, events, async_save=False)
+    ckpt = Checkpointer(store, events, async_save=False, layout=LAYOUT)
     for step in (1, 2):
         save(ckpt, model, step, sync=True)
     ckpt.close()
@@ -339,7 +341,7 @@ def stuck(request, stage_to_host=False, results=None):
     time.sleep(3600)
 
 state.run_request = stuck
-checkpointer._start_writer(None, Path(sys.argv[2]), 0)
+checkpointer._start_writer(state.DistCheckpoint(None), None, Path(sys.argv[2]), 0)
 time.sleep(3600)
 """
 

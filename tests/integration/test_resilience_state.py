@@ -65,7 +65,7 @@ def worker_main(spec_json: str) -> None:
         samples = TokenSamples(job.data.path, job.model.seq_len, job.train.seed)
         runner = StepRunner(job, ctx, model, samples)
         store = CheckpointStore(run.checkpoints, job.checkpoint.keep_last, job.checkpoint.keep_every)
-        ckpt = Checkpointer(store, EventLog(run.events), spec["async"], verify=job.checkpoint.verify)
+        ckpt = Checkpointer(store, EventLog(run.events), spec["async"], layout=ctx.layout, verify=job.checkpoint.verify)
         first = 1
         loaded = ckpt.resume(model.chunks, model.optimizer, model.scheduler)
         if loaded is not None:
