@@ -115,9 +115,9 @@ class TrainingEntry(submitit.helpers.Checkpointable):
             clock.mark("imports")
             with contextlib.ExitStack() as stack:
                 if on_cpu:
-                    from air_hpc.train import cpu_compat
+                    from air_hpc.train import megatron_compat
 
-                    stack.enter_context(cpu_compat.patched())
+                    stack.enter_context(megatron_compat.cpu_patched())
                 else:
                     import torch
 

@@ -19,16 +19,15 @@ import json
 import logging
 import queue
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from air_hpc.config.layout import ParallelLayout
 from air_hpc.errors import CheckpointError
 from air_hpc.resilience.safe_load import check_checkpoint
-from air_hpc.train import collectives
+from air_hpc.train import collectives, megatron_compat
 
 log = logging.getLogger(__name__)
 
@@ -252,27 +251,6 @@ def staged(request: Any) -> Any:
     return AsyncRequest(request.async_fn, tuple(args), request.finalize_fns, request.async_fn_kwargs)
 
 
-#: What Megatron's writer does that :func:`results_queue` replaces; its unit test fails when it changes.
-RESULTS_QUEUE_EVIDENCE = 'ctx = mp.get_context("spawn")\n        _results_queue = ctx.Manager().Queue()'
-
-
-def results_queue() -> "queue.Queue[Any]":
-    """Make Megatron's writers report to an in-process queue instead of a Manager process.
-
-    Megatron hands the write results from its writer processes to the finalize step through
-    a module-global ``multiprocessing.Manager().Queue()``: a server process started with spawn
-    (which re-imports ``__main__``) and, being part of the job step, killed by the preemption
-    signal that Slurm sends to every process of the step, so the save that follows fails. Our
-    writers run in this process (sync) or return their results through a pipe (async), so a
-    plain queue read by this process is all that finalize needs.
-    """
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-
-    if not isinstance(filesystem_async._results_queue, queue.Queue):
-        filesystem_async._results_queue = queue.Queue()
-    return filesystem_async._results_queue
-
-
 def drain(results: "queue.Queue[Any]") -> None:
     """Drop results a failed save left behind, so the next finalize reads its own."""
     with contextlib.suppress(queue.Empty):
@@ -296,46 +274,9 @@ def finalize_request(request: Any) -> None:
     import torch.distributed as dist
 
     dist.barrier()
-    with _finalize_on_cpu():
+    with megatron_compat.finalize_on_cpu():
         for fn in request.finalize_fns:
             fn()
-
-
-#: The text in Megatron's finalize that needs a CUDA device; the unit test fails when it goes away.
-FINALIZE_CUDA_EVIDENCE = "device=torch.cuda.current_device()"
-
-
-@contextlib.contextmanager
-def _finalize_on_cpu() -> Iterator[None]:
-    """Megatron's save finalize puts its failure flag on ``torch.cuda.current_device()``.
-
-    Without CUDA (gloo ranks) that module sees a ``torch`` whose current device is the CPU,
-    for the duration of the finalize only. The rest of the CPU layer is ``air_hpc.train.cpu_compat``.
-    """
-    import torch
-    from megatron.core.dist_checkpointing.strategies import state_dict_saver
-
-    if torch.cuda.is_available():
-        yield
-        return
-    original = state_dict_saver.torch
-    state_dict_saver.torch = _CpuDeviceTorch()
-    try:
-        yield
-    finally:
-        state_dict_saver.torch = original
-
-
-class _CpuDeviceTorch:
-    def __init__(self) -> None:
-        import torch
-
-        self.cuda = SimpleNamespace(current_device=lambda: torch.device("cpu"))
-
-    def __getattr__(self, name: str) -> Any:
-        import torch
-
-        return getattr(torch, name)
 
 
 def load(
@@ -416,7 +357,7 @@ class DistCheckpoint:
         return shard_files(request)
 
     def results_queue(self) -> "queue.Queue[Any]":
-        return results_queue()
+        return megatron_compat.results_queue()
 
     def finalize(self, request: Any) -> None:
         finalize_request(request)

@@ -89,7 +89,7 @@ def worker(args: argparse.Namespace) -> None:
     from air_hpc.resilience.checkpointer import Checkpointer
     from air_hpc.resilience.signals import agree
     from air_hpc.resilience.store import CheckpointStore
-    from air_hpc.train import cpu_compat, parallel
+    from air_hpc.train import megatron_compat, parallel
     from air_hpc.train import model as model_mod
     from air_hpc.train.data import ByteTokenizer, TokenSamples, prepare
     from air_hpc.train.loop import StepRunner
@@ -116,7 +116,7 @@ def worker(args: argparse.Namespace) -> None:
         prepare([REPO / "README.md", REPO / "configs" / "jobs" / "gpt-tiny-local.yaml"], corpus, ByteTokenizer())
     env = parallel.DistEnv(args.rank, args.ranks, args.rank, "127.0.0.1", args.port, "localhost")
     with contextlib.ExitStack() as stack:
-        stack.enter_context(cpu_compat.patched())
+        stack.enter_context(megatron_compat.cpu_patched())
         ctx = stack.enter_context(parallel.distributed(env, job.layout, "gloo", 600))
         dist.barrier()  # the corpus exists
         parallel.seed(ctx, job.train.seed)

@@ -43,7 +43,7 @@ def model() -> Iterator[Any]:
     import torch
 
     from air_hpc.config import load_job
-    from air_hpc.train import cpu_compat, parallel
+    from air_hpc.train import megatron_compat, parallel
     from air_hpc.train import model as model_mod
 
     torch.set_num_threads(1)
@@ -56,7 +56,7 @@ def model() -> Iterator[Any]:
         port = int(s.getsockname()[1])
     env = parallel.DistEnv(0, 1, 0, "127.0.0.1", port, "localhost")
     with contextlib.ExitStack() as stack:
-        stack.enter_context(cpu_compat.patched())
+        stack.enter_context(megatron_compat.cpu_patched())
         ctx = stack.enter_context(parallel.distributed(env, job.layout, "gloo", 60))
         parallel.seed(ctx, job.train.seed)
         built = model_mod.build(job, ctx)

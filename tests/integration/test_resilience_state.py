@@ -48,7 +48,7 @@ def worker_main(spec_json: str) -> None:
     from air_hpc.records.rundir import RunDir
     from air_hpc.resilience.checkpointer import Checkpointer
     from air_hpc.resilience.store import CheckpointStore
-    from air_hpc.train import cpu_compat, parallel
+    from air_hpc.train import megatron_compat, parallel
     from air_hpc.train import model as model_mod
     from air_hpc.train.data import TokenSamples
     from air_hpc.train.loop import StepRunner
@@ -58,7 +58,7 @@ def worker_main(spec_json: str) -> None:
     env = parallel.DistEnv(spec["rank"], spec["world"], spec["rank"], "127.0.0.1", spec["port"], "localhost")
     results: dict[str, Any] = {"losses": {}}
     with contextlib.ExitStack() as stack:
-        stack.enter_context(cpu_compat.patched())
+        stack.enter_context(megatron_compat.cpu_patched())
         ctx = stack.enter_context(parallel.distributed(env, job.layout, "gloo", 120))
         parallel.seed(ctx, job.train.seed)
         model = model_mod.build(job, ctx)

@@ -18,7 +18,7 @@ import torch
 
 from air_hpc.config.load import load_job
 from air_hpc.config.models import JobConfig
-from air_hpc.train import cpu_compat, data, model, parallel
+from air_hpc.train import data, megatron_compat, model, parallel
 from air_hpc.train.loop import StepRunner
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,7 +69,7 @@ def one_rank(job: JobConfig) -> Iterator[parallel.ParallelContext]:
 
 def _one_step(job: JobConfig, skip: frozenset[str] = frozenset()) -> float:
     env = parallel.DistEnv(0, 1, 0, "127.0.0.1", _free_port(), "localhost")
-    with cpu_compat.patched(skip), parallel.distributed(env, job.layout, "gloo", 60) as ctx:
+    with megatron_compat.cpu_patched(skip), parallel.distributed(env, job.layout, "gloo", 60) as ctx:
         parallel.seed(ctx, job.train.seed)
         built = model.build(job, ctx)
         samples = data.TokenSamples(job.data.path, job.model.seq_len, job.train.seed)
@@ -78,20 +78,19 @@ def _one_step(job: JobConfig, skip: frozenset[str] = frozenset()) -> float:
         return result.loss
 
 
-@pytest.mark.parametrize("patch", cpu_compat.PATCHES, ids=lambda p: p.name)
-def test_megatron_still_has_the_cuda_only_code_each_patch_works_around(patch: cpu_compat.Patch) -> None:
+@pytest.mark.parametrize("patch", (*megatron_compat.CPU_PATCHES, megatron_compat.FINALIZE_ON_CPU), ids=lambda p: p.name)
+def test_megatron_still_has_the_cuda_only_code_each_patch_works_around(patch: megatron_compat.Patch) -> None:
     source = inspect.getsource(importlib.import_module(patch.evidence_module))
     assert patch.evidence in source, f"patch {patch.name} looks unnecessary: {patch.evidence!r} is gone"
     assert hasattr(importlib.import_module(patch.module), patch.attribute)
 
 
 def test_patched_restores_every_original() -> None:
-    originals = {p.name: getattr(importlib.import_module(p.module), p.attribute) for p in cpu_compat.PATCHES}
-    with cpu_compat.patched():
-        assert all(
-            getattr(importlib.import_module(p.module), p.attribute) is not originals[p.name] for p in cpu_compat.PATCHES
-        )
-    assert all(getattr(importlib.import_module(p.module), p.attribute) is originals[p.name] for p in cpu_compat.PATCHES)
+    patches = megatron_compat.CPU_PATCHES
+    originals = {p.name: getattr(importlib.import_module(p.module), p.attribute) for p in patches}
+    with megatron_compat.cpu_patched():
+        assert all(getattr(importlib.import_module(p.module), p.attribute) is not originals[p.name] for p in patches)
+    assert all(getattr(importlib.import_module(p.module), p.attribute) is originals[p.name] for p in patches)
 
 
 def test_a_training_step_runs_on_cpu_with_the_layer(job: JobConfig) -> None:
@@ -108,7 +107,7 @@ def test_the_step_fails_without_each_patch(job: JobConfig, name: str) -> None:
 def _forked_draws(ctx: parallel.ParallelContext, skip: frozenset[str]) -> tuple[torch.Tensor, torch.Tensor]:
     from megatron.core import tensor_parallel
 
-    with cpu_compat.patched(skip):
+    with megatron_compat.cpu_patched(skip):
         parallel.seed(ctx, 1234)
         with tensor_parallel.get_cuda_rng_tracker().fork():
             inside = torch.rand(4)
@@ -134,7 +133,7 @@ def test_clip_replacement_scales_like_megatron() -> None:
     params = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))]
     for p in params:
         p.grad = torch.full_like(p, 2.0)
-    cpu_compat._clip_grad_by_total_norm_cpu(params, max_norm=1.0, total_norm=4.0)
+    megatron_compat._clip_grad_by_total_norm_cpu(params, max_norm=1.0, total_norm=4.0)
     assert all(p.grad is not None and torch.allclose(p.grad, torch.full_like(p, 2.0 / (4.0 + 1e-6))) for p in params)
     from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 

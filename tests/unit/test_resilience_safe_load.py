@@ -13,6 +13,7 @@ import torch
 
 from air_hpc.errors import CheckpointError
 from air_hpc.resilience import safe_load, state
+from air_hpc.train import megatron_compat
 
 
 class Payload:
@@ -100,15 +101,15 @@ def test_finalize_still_needs_the_cpu_device_shim() -> None:
     """Fails when a megatron-core release stops using CUDA in the save finalize (drop the shim then)."""
     from megatron.core.dist_checkpointing.strategies import state_dict_saver
 
-    assert state.FINALIZE_CUDA_EVIDENCE in inspect.getsource(state_dict_saver.save_state_dict_async_finalize)
+    assert megatron_compat.FINALIZE_CUDA_EVIDENCE in inspect.getsource(state_dict_saver.save_state_dict_async_finalize)
 
 
 def test_writers_still_report_through_a_manager_queue() -> None:
-    """Fails when megatron-core stops creating its Manager queue (then state.results_queue can go)."""
+    """Fails when megatron-core stops creating its Manager queue (then megatron_compat.results_queue can go)."""
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
-    assert state.RESULTS_QUEUE_EVIDENCE in inspect.getsource(filesystem_async)
-    results = state.results_queue()
+    assert megatron_compat.RESULTS_QUEUE_EVIDENCE in inspect.getsource(filesystem_async)
+    results = megatron_compat.results_queue()
     assert filesystem_async._get_write_results_queue() is results
     results.put("stale")
     state.drain(results)
@@ -118,9 +119,7 @@ def test_writers_still_report_through_a_manager_queue() -> None:
 def test_rng_state_round_trips_through_json() -> None:
     from megatron.core import tensor_parallel
 
-    from air_hpc.train import cpu_compat
-
-    with cpu_compat.patched():
+    with megatron_compat.cpu_patched():
         tracker = tensor_parallel.get_cuda_rng_tracker()
         tracker.reset()
         tracker.add("model-parallel-rng", 7)
