@@ -507,7 +507,32 @@ class Checkpointer:
         return True
 
     def close(self) -> None:
+        """Collective: wait for the in-flight save to be durable and committed."""
         self.wait()
+
+    def abort(self) -> None:
+        """After an error on this rank: stop its writer and let rank 0's commit end, without a collective.
+
+        The other ranks may have failed too or be inside another collective, so nothing here
+        waits for them; an unfinished save stays partial and the newest complete one counts.
+        """
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.stop_writer()
+            log.warning("step %d: the async save is abandoned after an error", pending.step)
+        if self._commit is not None:
+            self._commit.join()
+            self._commit = None
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        """:meth:`close` after a normal exit, :meth:`abort` after an exception."""
+        if kind is None:
+            self.close()
+        else:
+            self.abort()
 
     def _finish(self, pending: _Pending, sync: bool) -> None:
         if pending.conn is not None and pending.process is not None:

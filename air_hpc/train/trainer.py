@@ -12,24 +12,33 @@ they save synchronously and return :attr:`ExitCode.REQUEUE`.
 
 import logging
 import math
+import socket
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from air_hpc.config.models import JobConfig
 from air_hpc.exitcodes import ExitCode
+from air_hpc.health.busy import BusyMeter
 from air_hpc.health.heartbeat import Heartbeat
+from air_hpc.records.events import EventLog
 from air_hpc.records.rundir import RunDir
+from air_hpc.resilience.interval import INTERVAL_KIND, CheckpointSchedule
+from air_hpc.resilience.signals import Deadline, StopRequest, agree_stop
+from air_hpc.resilience.store import CheckpointStore
 from air_hpc.train import metrics as metrics_mod
-from air_hpc.train import tb_log
+from air_hpc.train import parallel, tb_log
+from air_hpc.train.collectives import gather_floats
 from air_hpc.train.data import CorpusInfo, TokenSamples, check_for_training
 from air_hpc.train.parallel import ParallelContext
+from air_hpc.train.startup import EVENT_KIND, StartupClock, startup_event
+from air_hpc.train.straggler_watch import StragglerWatch
 
 if TYPE_CHECKING:
-    from air_hpc.records.events import EventLog
-    from air_hpc.resilience.signals import StopRequest
-    from air_hpc.train.startup import StartupClock
-    from air_hpc.train.straggler_watch import StragglerWatch
+    from air_hpc.resilience.checkpointer import Checkpointer
+    from air_hpc.resilience.state import Loaded
+    from air_hpc.train.loop import StepResult
+    from air_hpc.train.model import Model
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +46,8 @@ log = logging.getLogger(__name__)
 ALWAYS_STOP_ON = ("TERM",)
 
 
-def arm_stop(job: JobConfig) -> "StopRequest":
+def arm_stop(job: JobConfig) -> StopRequest:
     """Handle the configured stop signal and SIGTERM by setting a flag (main thread only)."""
-    from air_hpc.resilience.signals import StopRequest
-
     return StopRequest.install([job.resilience.signal, *ALWAYS_STOP_ON])
 
 
@@ -60,13 +67,22 @@ class RunSummary:
     stop_reason: str | None = None
 
 
+@dataclass(frozen=True)
+class _Start:
+    """Where this run starts: after the resumed checkpoint, or at step 1."""
+
+    loaded: "Loaded | None"
+    first_step: int
+    consumed: int
+
+
 def train(
     job: JobConfig,
     run_dir: RunDir,
     ctx: ParallelContext,
     heartbeat: Heartbeat | None = None,
-    stop: "StopRequest | None" = None,
-    clock: "StartupClock | None" = None,
+    stop: StopRequest | None = None,
+    clock: StartupClock | None = None,
 ) -> RunSummary:
     """Train from the latest checkpoint (or step 1) to ``train.steps``; the caller owns the process groups.
 
@@ -74,18 +90,15 @@ def train(
     ``stop`` is the caller's armed stop flag: installed early, it also catches a signal that arrives
     during setup, and one that arrives after the last step does no harm. Without one, the stop
     signals are armed here for the duration of the call.
-    """
-    from air_hpc.records.events import EventLog
-    from air_hpc.resilience.checkpointer import Checkpointer
-    from air_hpc.resilience.interval import INTERVAL_KIND, CheckpointSchedule
-    from air_hpc.resilience.signals import Deadline, agree_stop
-    from air_hpc.resilience.store import CheckpointStore
-    from air_hpc.train import model as model_mod
-    from air_hpc.train import parallel
-    from air_hpc.train.loop import StepRunner
 
-    t = job.train
-    parallel.seed(ctx, t.seed)
+    Phases: build the model, resume, open the step loop's files and flags, run the steps. The
+    checkpointer is closed on every way out: after an error without a collective (:meth:`abort`).
+    """
+    # torch loads with these, inside the start-up clock's "imports" phase (entry imports this module first)
+    from air_hpc.resilience.checkpointer import Checkpointer
+    from air_hpc.train import model as model_mod
+
+    parallel.seed(ctx, job.train.seed)
     model = model_mod.build(job, ctx)
     _mark(clock, "model")
     events = EventLog(run_dir.events)
@@ -101,151 +114,191 @@ def train(
     )
     if heartbeat is not None:
         heartbeat.beat("checkpoint", 0)
-    loaded = checkpoints.resume(model.chunks, model.optimizer, model.scheduler)
-    first_step = 1 if loaded is None else loaded.step + 1
-    consumed = 0 if loaded is None else int(loaded.extra["consumed_samples"])
-    if loaded is not None:
-        log.info("resumed from step %d (%d samples consumed)", loaded.step, consumed)
+    start = _resume(checkpoints, model)
     _mark(clock, "resume")
-
-    samples = TokenSamples(job.data.path, job.model.seq_len, t.seed)
-    runner = StepRunner(job, ctx, model, samples)
-    writer = (
-        metrics_mod.MetricsWriter(run_dir.metrics, keep_through_step=first_step - 1) if ctx.writes_metrics else None
-    )
-    board = (
-        tb_log.TensorBoardLog(run_dir.tensorboard, first_step, loaded.step if loaded is not None else None)
-        if job.observe.tensorboard and ctx.writes_metrics
-        else None
-    )
-    mfu_per_token = _mfu_factor(job)
-    tokens_per_step = t.global_batch_size * job.model.seq_len
-    own_stop = stop is None
-    if stop is None:
-        stop = arm_stop(job)
-    deadline = Deadline.from_env(
-        job.resources.time_limit_min, job.resilience.time_margin_s, submissions=run_dir.submissions
-    )
-    schedule = CheckpointSchedule(job.checkpoint.interval_steps, job.resilience.mtbf_h)
-    loss = math.nan
-    watch = _straggler_watch(job, run_dir, ctx, events)
+    loop = _StepLoop(job, run_dir, ctx, model, checkpoints, events, start, heartbeat, clock, stop)
     _mark(clock, "data")
     started = time.perf_counter()
+    try:
+        with checkpoints:
+            summary = loop.run()
+    finally:
+        loop.close()
+    if summary.exit_code == ExitCode.OK:
+        log.info("trained steps %d..%d in %.1f s", start.first_step, job.train.steps, time.perf_counter() - started)
+    return summary
 
-    def save(step: int, sync: bool, reason: str, supersede: bool = False) -> None:
-        if heartbeat is not None:
-            heartbeat.beat("checkpoint", step)
-        if board is not None:
-            board.checkpoint(step, reason)
-        extra = {"consumed_samples": consumed}
-        checkpoints.save(
+
+def _resume(checkpoints: "Checkpointer", model: "Model") -> _Start:
+    """Load the newest good checkpoint (collective); resume is the normal start."""
+    loaded = checkpoints.resume(model.chunks, model.optimizer, model.scheduler)
+    if loaded is None:
+        return _Start(None, 1, 0)
+    consumed = int(loaded.extra["consumed_samples"])
+    log.info("resumed from step %d (%d samples consumed)", loaded.step, consumed)
+    return _Start(loaded, loaded.step + 1, consumed)
+
+
+class _StepLoop:
+    """One rank's steps from the start: step, report, agree on stopping, checkpoint.
+
+    Opens what the steps write to (metrics, TensorBoard, the data file) and arms the stop
+    flag unless the caller did; :meth:`close` releases them.
+    """
+
+    def __init__(
+        self,
+        job: JobConfig,
+        run_dir: RunDir,
+        ctx: ParallelContext,
+        model: "Model",
+        checkpoints: "Checkpointer",
+        events: EventLog,
+        start: _Start,
+        heartbeat: Heartbeat | None,
+        clock: StartupClock | None,
+        stop: StopRequest | None,
+    ) -> None:
+        from air_hpc.train.loop import StepRunner  # torch, as in train()
+
+        self.job, self.ctx, self.model, self.events = job, ctx, model, events
+        self.checkpoints, self.start, self.heartbeat, self.clock = checkpoints, start, heartbeat, clock
+        self.consumed = start.consumed
+        self.loss = math.nan
+        self.samples = TokenSamples(job.data.path, job.model.seq_len, job.train.seed)
+        self.runner = StepRunner(job, ctx, model, self.samples)
+        keep = start.first_step - 1
+        self.writer = metrics_mod.MetricsWriter(run_dir.metrics, keep_through_step=keep) if ctx.writes_metrics else None
+        resumed_from = start.loaded.step if start.loaded is not None else None
+        self.board = (
+            tb_log.TensorBoardLog(run_dir.tensorboard, start.first_step, resumed_from)
+            if job.observe.tensorboard and ctx.writes_metrics
+            else None
+        )
+        self.mfu_per_token = _mfu_factor(job)
+        self.tokens_per_step = job.train.global_batch_size * job.model.seq_len
+        self.own_stop = stop is None
+        self.stop = stop if stop is not None else arm_stop(job)
+        self.deadline = Deadline.from_env(
+            job.resources.time_limit_min, job.resilience.time_margin_s, submissions=run_dir.submissions
+        )
+        self.schedule = CheckpointSchedule(job.checkpoint.interval_steps, job.resilience.mtbf_h)
+        self.watch = _straggler_watch(job, run_dir, ctx, events)
+
+    def run(self) -> RunSummary:
+        steps = self.job.train.steps
+        for step in range(self.start.first_step, steps + 1):
+            result = self._step(step)
+            self._report(step, result)
+            self.checkpoints.poll()
+            reason = agree_stop(self.stop, self.deadline)
+            if reason is not None:
+                self._stop(step, reason)
+                return RunSummary(self.start.first_step, step, self.loss, ExitCode.REQUEUE, reason)
+            if self.schedule.due(step, result.step_time_s) and step < steps:
+                began = time.perf_counter()
+                self._save(step, sync=False, reason="interval")
+                choice = self.schedule.saved(step, time.perf_counter() - began)
+                if choice is not None and self.ctx.rank == 0:
+                    self.events.emit(INTERVAL_KIND, step=step, **choice.to_event())
+        if self.start.first_step <= steps:
+            self._save(steps, sync=True, reason="final")
+        return RunSummary(self.start.first_step, steps, self.loss, ExitCode.OK)
+
+    def _step(self, step: int) -> "StepResult":
+        if self.heartbeat is not None:
+            self.heartbeat.beat("step", step)
+        if self.watch is not None:
+            self.watch.begin()
+        result = self.runner.step(self.consumed)
+        if self.watch is not None:
+            self.watch.end(step)
+        self.consumed += self.job.train.global_batch_size
+        self.loss = result.loss
+        if self.clock is not None and step == self.start.first_step:
+            self.clock.mark("first_step")
+            _record_startup(self.clock, self.events, self.ctx.rank, step)
+        return result
+
+    def _report(self, step: int, result: "StepResult") -> None:
+        """metrics.jsonl, TensorBoard and, every ``log_interval`` steps, the log line."""
+        tokens_per_s = self.tokens_per_step / result.step_time_s
+        loaded = self.start.loaded if step == self.start.first_step else None
+        if self.writer is not None:
+            self.writer.write(
+                metrics_mod.StepMetrics(
+                    step=step,
+                    loss=result.loss,
+                    lr=result.lr,
+                    grad_norm=result.grad_norm,
+                    tokens_per_s=tokens_per_s,
+                    step_time_s=result.step_time_s,
+                    mfu=tokens_per_s * self.mfu_per_token if self.mfu_per_token else None,
+                    resumed_from=loaded.step if loaded is not None else None,
+                    rng_restored=loaded.rng_restored if loaded is not None else None,
+                )
+            )
+        if self.board is not None:
+            self.board.step(step, result.loss, result.lr, tokens_per_s, result.grad_norm, result.step_time_s)
+        if step % self.job.train.log_interval == 0:
+            shown_loss = result.loss if self.ctx.is_last_stage else None
+            line = metrics_mod.step_line(
+                step,
+                self.job.train.steps,
+                shown_loss,
+                result.lr,
+                result.grad_norm,
+                result.step_time_s,
+                result.loader_time_s,
+            )
+            log.info("%s", line)
+
+    def _stop(self, step: int, reason: str) -> None:
+        """The ranks agreed to stop: say so, then save synchronously, superseding an unfinished save."""
+        log.warning("stopping at step %d (%s): saving, then asking for a requeue", step, reason)
+        if self.ctx.rank == 0:
+            self.events.emit("stop", step=step, reason=reason, signal=self.stop.signal_name)
+        if self.board is not None:
+            self.board.stop(step, reason)
+        self._save(step, sync=True, reason=reason, supersede=True)
+
+    def _save(self, step: int, sync: bool, reason: str, supersede: bool = False) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.beat("checkpoint", step)
+        if self.board is not None:
+            self.board.checkpoint(step, reason)
+        model, extra = self.model, {"consumed_samples": self.consumed}
+        self.checkpoints.save(
             step, model.chunks, model.optimizer, model.scheduler, extra, sync=sync, reason=reason, supersede=supersede
         )
 
-    try:
-        for step in range(first_step, t.steps + 1):
-            if heartbeat is not None:
-                heartbeat.beat("step", step)
-            if watch is not None:
-                watch.begin()
-            result = runner.step(consumed)
-            if watch is not None:
-                watch.end(step)
-            consumed += t.global_batch_size
-            loss = result.loss
-            if clock is not None and step == first_step:
-                clock.mark("first_step")
-                _record_startup(clock, events, ctx.rank, step)
-            tokens_per_s = tokens_per_step / result.step_time_s
-            if writer is not None:
-                writer.write(
-                    metrics_mod.StepMetrics(
-                        step=step,
-                        loss=result.loss,
-                        lr=result.lr,
-                        grad_norm=result.grad_norm,
-                        tokens_per_s=tokens_per_s,
-                        step_time_s=result.step_time_s,
-                        mfu=tokens_per_s * mfu_per_token if mfu_per_token else None,
-                        resumed_from=loaded.step if loaded is not None and step == first_step else None,
-                        rng_restored=loaded.rng_restored if loaded is not None and step == first_step else None,
-                    )
-                )
-            if board is not None:
-                board.step(step, result.loss, result.lr, tokens_per_s, result.grad_norm, result.step_time_s)
-            if step % t.log_interval == 0:
-                shown_loss = result.loss if ctx.is_last_stage else None
-                log.info(
-                    "%s",
-                    metrics_mod.step_line(
-                        step,
-                        t.steps,
-                        shown_loss,
-                        result.lr,
-                        result.grad_norm,
-                        result.step_time_s,
-                        result.loader_time_s,
-                    ),
-                )
-            checkpoints.poll()
-            reason = agree_stop(stop, deadline)
-            if reason is not None:
-                log.warning("stopping at step %d (%s): saving, then asking for a requeue", step, reason)
-                if ctx.rank == 0:
-                    events.emit("stop", step=step, reason=reason, signal=stop.signal_name)
-                if board is not None:
-                    board.stop(step, reason)
-                save(step, sync=True, reason=reason, supersede=True)
-                checkpoints.close()
-                return RunSummary(first_step, step, loss, ExitCode.REQUEUE, reason)
-            if schedule.due(step, result.step_time_s) and step < t.steps:
-                began = time.perf_counter()
-                save(step, sync=False, reason="interval")
-                choice = schedule.saved(step, time.perf_counter() - began)
-                if choice is not None and ctx.rank == 0:
-                    events.emit(INTERVAL_KIND, step=step, **choice.to_event())
-        if first_step <= t.steps:
-            save(t.steps, sync=True, reason="final")
-        checkpoints.close()
-    finally:
-        if watch is not None:
-            watch.close()
-        if own_stop:
-            stop.uninstall()
-        if writer is not None:
-            writer.close()
-        if board is not None:
-            board.close()
-        samples.close()
-    log.info("trained steps %d..%d in %.1f s", first_step, t.steps, time.perf_counter() - started)
-    return RunSummary(first_step, t.steps, loss, ExitCode.OK)
+    def close(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
+        if self.own_stop:
+            self.stop.uninstall()
+        if self.writer is not None:
+            self.writer.close()
+        if self.board is not None:
+            self.board.close()
+        self.samples.close()
 
 
-def _straggler_watch(
-    job: JobConfig, run_dir: RunDir, ctx: ParallelContext, events: "EventLog"
-) -> "StragglerWatch | None":
+def _straggler_watch(job: JobConfig, run_dir: RunDir, ctx: ParallelContext, events: EventLog) -> StragglerWatch | None:
     """This rank's part of the straggler check; None when it is off or there is only one rank."""
     if job.health.straggler_window_steps == 0 or ctx.layout.world_size < 2:
         return None
-    import socket
-
-    from air_hpc.health.busy import BusyMeter
-    from air_hpc.train.straggler_watch import StragglerWatch
-
     host = ctx.hostname or socket.gethostname()
     return StragglerWatch(job.health, ctx.rank, host, events, run_dir.bad_nodes, BusyMeter())
 
 
-def _mark(clock: "StartupClock | None", phase: str) -> None:
+def _mark(clock: StartupClock | None, phase: str) -> None:
     if clock is not None:
         clock.mark(phase)
 
 
-def _record_startup(clock: "StartupClock", events: "EventLog", rank: int, step: int) -> None:
+def _record_startup(clock: StartupClock, events: EventLog, rank: int, step: int) -> None:
     """Gather every rank's start-up phases (one collective); rank 0 writes them as one event."""
-    from air_hpc.train.collectives import gather_floats
-    from air_hpc.train.startup import EVENT_KIND, startup_event
-
     per_rank = gather_floats(clock.vector())
     if rank == 0:
         fields = startup_event(per_rank, step)

@@ -145,3 +145,21 @@ def test_resume_refuses_to_start_over_when_every_checkpoint_is_bad(store: Checkp
     comm = FakeCollectives(peer_problems=deque(["rank 1: corrupt"]))
     with pytest.raises(UnusableCheckpointsError, match="all 1 checkpoint"):
         checkpointer(store, FakeFormat(), comm).resume([], None, None)
+
+
+def test_an_error_stops_the_writer_without_a_collective_and_a_normal_exit_closes(
+    store: CheckpointStore, tmp_path: Path
+) -> None:
+    comm = FakeCollectives()
+    ckpt = checkpointer(store, FakeFormat(gate=tmp_path / "gate"), comm)
+    with pytest.raises(RuntimeError, match="a step failed"), ckpt:
+        save(ckpt, 1)
+        writer = ckpt._pending.process  # type: ignore[union-attr]
+        collectives_before = list(comm.calls)
+        raise RuntimeError("a step failed")
+    assert not writer.is_alive() and not ckpt.busy
+    assert comm.calls == collectives_before  # the other ranks may be gone: nothing waits for them
+    assert store.committed_steps() == []
+    with checkpointer(store, FakeFormat(), comm) as ckpt:
+        save(ckpt, 2)
+    assert store.committed_steps() == [2] and not ckpt.busy
