@@ -1,12 +1,16 @@
-"""Surviving preemption: stop flags, atomic verified checkpoints, requeue decisions (the event log: ``records.events``).
+"""Surviving preemption: stop flags, atomic verified checkpoints, the restart budget (the event log: ``records.events``).
 
 Modules, each with one job:
 
 - ``signals``: signal handlers that only set a flag, the all-rank agreement, the time-limit deadline.
 - ``store``: the checkpoint directory layout: staging, manifest, atomic commit, verify, retention.
-- ``state``: what goes into a checkpoint (Megatron ``dist_checkpointing`` + RNG + progress).
-- ``checkpointer``: sync and async saves driven by the trainer.
-- ``requeue``: whether an interrupted run should be requeued, and with which exit code.
+- ``state``: what goes into a checkpoint, and the one adapter of Megatron's ``dist_checkpointing``.
+- ``safe_load``: refuses checkpoints whose pickles would run code.
+- ``checkpointer``: sync and async saves driven by the trainer (collectives and format injected).
+- ``interval``: ``checkpoint.interval_steps: auto`` from the save cost and the failure rate.
+- ``progress``: the restart budget for crash loops.
 
-Heavy imports (torch, Megatron) happen inside ``state`` and ``checkpointer`` only.
+Whether an interrupted job is requeued is decided by the batch script from the ranks' exit
+code (:mod:`air_hpc.exitcodes`). Heavy imports (torch, Megatron) happen in ``state`` and
+``checkpointer`` only.
 """

@@ -11,6 +11,12 @@
 
 Nothing of ours is pickled, and :func:`load` checks every pickle the library
 would read with a restricted loader first (:mod:`air_hpc.resilience.safe_load`).
+
+This is the one adapter of Megatron's ``dist_checkpointing``: :class:`DistCheckpoint` is what
+the checkpointer drives, with the layout passed in (never read from ``parallel_state``); the
+patches it needs live in :mod:`air_hpc.train.megatron_compat`. Megatron modules are imported
+where used: a rank imports megatron-core once, through ``megatron_compat.import_megatron``
+(without it each rank start pays ~2.5 s of ``torch.compile`` set-up).
 """
 
 import base64
@@ -23,6 +29,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
 
 from air_hpc.config.layout import ParallelLayout
 from air_hpc.errors import CheckpointError
@@ -80,15 +90,11 @@ def _b64(tensor: Any) -> str:
 
 
 def _unb64(text: str) -> Any:
-    import torch
-
     return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
 
 
 def capture_rng() -> dict[str, Any]:
     """This rank's generator states as JSON-able data."""
-    import numpy as np
-    import torch
     from megatron.core import tensor_parallel
 
     version, internal, gauss = random.getstate()
@@ -104,8 +110,6 @@ def capture_rng() -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any]) -> None:
-    import numpy as np
-    import torch
     from megatron.core import tensor_parallel
 
     version, internal, gauss = state["python"]
@@ -121,8 +125,6 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 def reseed_all(value: int) -> None:
     """Default re-derivation after a layout change: every generator from ``value`` (+ Megatron's offsets)."""
-    import numpy as np
-    import torch
     from megatron.core import tensor_parallel
 
     tensor_parallel.model_parallel_cuda_manual_seed(value)
@@ -137,7 +139,6 @@ def _rng_row(rank: int, world: int, length: int | None = None) -> tuple[Any, int
     All ranks must agree on ``length`` (the global shape): the longest row, found with one
     MAX all-reduce when saving; read from the state file when loading.
     """
-    import torch
     from megatron.core.dist_checkpointing import ShardedTensor
 
     payload = json.dumps(capture_rng()).encode()
@@ -199,7 +200,6 @@ def prepare_save(
     forked process for an async one); its finalize functions are collectives.
     Rank 0 has already written ``common.pt`` and the JSON state file when this returns.
     """
-    import torch.distributed as dist
     from megatron.core import dist_checkpointing
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -271,8 +271,6 @@ def run_request(request: Any, stage_to_host: bool = False, results: Any = None) 
 
 def finalize_request(request: Any) -> None:
     """Collective: gather the write results, rank 0 writes ``.metadata`` and ``metadata.json``."""
-    import torch.distributed as dist
-
     dist.barrier()
     with megatron_compat.finalize_on_cpu():
         for fn in request.finalize_fns:
@@ -294,7 +292,6 @@ def load(
     different one the shards are resharded and the RNG is re-derived with
     ``reseed(step)`` (default :func:`reseed_all`).
     """
-    import torch.distributed as dist
     from megatron.core import dist_checkpointing
 
     doc = read_state_file(directory)
