@@ -350,7 +350,8 @@ def test_a_writer_and_its_workers_die_with_their_rank(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     rank = subprocess.Popen([sys.executable, "-c", RANK_WITH_STUCK_WRITER, str(pids), str(tmp_path)], cwd=REPO)
     try:
-        wait_for("the writer's worker", pids.exists, 60)
+        # write_text is not atomic: the file exists a moment before it holds both pids
+        wait_for("the writer's worker", lambda: pids.exists() and len(pids.read_text().split()) == 2, 60)
         writer, worker = (int(p) for p in pids.read_text().split())
         rank.kill()  # kill -9: no handler, no cleanup in the rank
         rank.wait()
