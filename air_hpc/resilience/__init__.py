@@ -1,4 +1,4 @@
-"""Surviving preemption: stop flags, atomic verified checkpoints, the restart budget (the event log: ``records.events``).
+"""Surviving preemption: stop flags, atomic verified checkpoints, the restart budget (events: ``records.events``).
 
 Modules, each with one job:
 

@@ -170,6 +170,7 @@ def test_a_save_abandons_async_writers_that_do_not_report_in_time(
     save(ckpt, model, 3, sync=False)  # the interval save after the stuck one: waits 1 s, then goes on
     assert 1 <= time.monotonic() - started < 30
     wait_for("the worker to be gone", lambda: _gone(worker), 30)
+    wait_for("step 3's writer to report", ckpt.poll, 120)  # close() would give it async_wait_s (1 s) only
     ckpt.close()
     assert store.committed_steps() == [1, 3] and store.latest_complete() == 3
     failed = [e for e in read_events(events.path) if e["kind"] == "checkpoint_failed"]

@@ -13,8 +13,8 @@ import pytest
 
 from air_hpc.config.layout import ParallelLayout
 from air_hpc.errors import CheckpointError, UnusableCheckpointsError
+from air_hpc.records.events import EventLog, read_events
 from air_hpc.resilience.checkpointer import Checkpointer
-from air_hpc.resilience.events import EventLog, read_events
 from air_hpc.resilience.store import CheckpointStore
 from tests.unit.checkpoint_fakes import FakeCollectives, FakeFormat
 
