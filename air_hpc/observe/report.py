@@ -22,6 +22,7 @@
 
 import bisect
 import itertools
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from air_hpc.observe.records import (
@@ -32,6 +33,7 @@ from air_hpc.observe.records import (
     RESUME_KIND,
     STARTUP_KIND,
     STRAGGLER_KIND,
+    Event,
     RunRecords,
     StepRecord,
     stop_reason,
@@ -182,6 +184,48 @@ def build_report(records: RunRecords) -> RunReport | None:
     (then they are counted) or dropped them on resume (then the interruption's
     event says which step was reached, and time tells the rest).
     """
+    timeline = _timeline(records)
+    if timeline is None:
+        return None
+    starts, segments = timeline
+    restarts = _restarts(records, starts, segments)
+    timed = (s.time_s for s in records.steps if s.time_s is not None)
+    last = max([*timed, *(e.time_s for e in records.events), starts[-1]])
+    submitted = records.submitted_s if records.submitted_s is not None and records.submitted_s <= starts[0] else None
+    origin = submitted if submitted is not None else starts[0]
+    wall = last - origin
+    saves = records.of_kind(CHECKPOINT_KIND)
+    stalls = _stalls(saves, restarts, last)
+    breakdown = _breakdown(records, starts, segments, restarts, stalls, origin, last)
+    return RunReport(
+        first_start_s=starts[0],
+        last_activity_s=last,
+        wall_s=wall,
+        productive_s=breakdown.productive_s,
+        goodput=breakdown.productive_s / wall if wall > 0 else None,
+        steps_done=max((s.step for s in records.steps), default=0),
+        total_steps=records.total_steps,
+        restarts=tuple(restarts),
+        checkpoints=len(saves),
+        checkpoint_stall_s=sum(e.number("stall_s") or 0.0 for e in stalls),
+        checkpoint_write_s=sum(e.number("seconds") or 0.0 for e in saves),
+        breakdown=breakdown,
+        cost=_cost(records, starts, last, breakdown),
+        submitted_s=submitted,
+        stragglers=stragglers_seen(records),
+        starts_to_first_step_s=tuple(
+            s for e in records.of_kind(STARTUP_KIND) if (s := e.number("to_first_step_s")) is not None
+        ),
+        stopped_because=stop_reason(records),
+        auto_interval=_auto_interval(records, breakdown.checkpoint_stall_s + breakdown.lost_work_s, wall),
+    )
+
+
+def _timeline(records: RunRecords) -> tuple[list[float], list[list[StepRecord]]] | None:
+    """Each start's time, and the timed steps that began during it; None before anything started.
+
+    Steps that began before the first recorded start (its record was lost) get a start of their own.
+    """
     timed = [s for s in records.steps if s.time_s is not None]
     starts = list(records.starts_s)
     first_step_began = min((b for s in timed if (b := _began_s(s)) is not None), default=None)
@@ -194,9 +238,11 @@ def build_report(records: RunRecords) -> RunReport | None:
         began = _began_s(step)
         index = max(bisect.bisect_right(starts, began if began is not None else 0.0) - 1, 0)
         segments[index].append(step)
-    last_index = {s.step: i for i, s in enumerate(records.steps)}
-    survivors = [records.steps[i] for i in sorted(last_index.values())]
-    productive = sum(s.step_time_s or 0.0 for s in survivors)
+    return starts, segments
+
+
+def _restarts(records: RunRecords, starts: list[float], segments: list[list[StepRecord]]) -> list[Restart]:
+    """One :class:`Restart` per start after the first: what stopped the one before, and what it cost."""
     bounds = [*starts[1:], float("inf")]
     restarts = []
     for number in range(1, len(starts)):
@@ -221,15 +267,27 @@ def build_report(records: RunRecords) -> RunReport | None:
                 latency_s=None if resumed is None else resumed - interrupted,
             )
         )
-    last = max([s.time_s or 0.0 for s in timed] + [e.time_s for e in records.events] + [starts[-1]])
-    submitted = records.submitted_s if records.submitted_s is not None and records.submitted_s <= starts[0] else None
-    origin = submitted if submitted is not None else starts[0]
-    wall = last - origin
-    saves = records.of_kind(CHECKPOINT_KIND)
-    # A save made after an interruption (the preemption save) is part of that restart's latency.
+    return restarts
+
+
+def _stalls(saves: Sequence[Event], restarts: list[Restart], last: float) -> list[Event]:
+    """The saves training waited for: a save made after an interruption (the preemption save) is in its latency."""
     downtime = [(r.interrupted_s, r.resumed_s if r.resumed_s is not None else last) for r in restarts]
-    stalls = [e for e in saves if not any(since <= e.time_s <= until for since, until in downtime)]
-    stall_s = sum(e.number("stall_s") or 0.0 for e in stalls)
+    return [e for e in saves if not any(since <= e.time_s <= until for since, until in downtime)]
+
+
+def _breakdown(
+    records: RunRecords,
+    starts: list[float],
+    segments: list[list[StepRecord]],
+    restarts: list[Restart],
+    stalls: Sequence[Event],
+    origin: float,
+    last: float,
+) -> TimeBreakdown:
+    """Split the wall time from ``origin`` to ``last`` into the disjoint parts of :class:`TimeBreakdown`."""
+    last_index = {s.step: i for i, s in enumerate(records.steps)}
+    productive = sum(records.steps[i].step_time_s or 0.0 for i in sorted(last_index.values()))
     lost_spans = [(r.interrupted_s - r.lost_compute_s, r.interrupted_s) for r in restarts]
     stall_outside_lost = sum(
         e.number("stall_s") or 0.0 for e in stalls if not any(since <= e.time_s <= until for since, until in lost_spans)
@@ -237,39 +295,15 @@ def build_report(records: RunRecords) -> RunReport | None:
     first_segment_end = min((_began_s(s) or 0.0 for s in segments[0]), default=None)
     if first_segment_end is None:
         first_segment_end = restarts[0].interrupted_s if restarts else last
-    latency = sum(r.latency_s if r.latency_s is not None else last - r.interrupted_s for r in restarts)
-    lost = sum(r.lost_compute_s for r in restarts)
     parts = {
         "queue_wait_s": starts[0] - origin,
         "startup_s": max(first_segment_end - starts[0], 0.0),
         "productive_s": productive,
         "checkpoint_stall_s": stall_outside_lost,
-        "lost_work_s": lost,
-        "restart_latency_s": latency,
+        "lost_work_s": sum(r.lost_compute_s for r in restarts),
+        "restart_latency_s": sum(r.latency_s if r.latency_s is not None else last - r.interrupted_s for r in restarts),
     }
-    breakdown = TimeBreakdown(**parts, other_s=wall - sum(parts.values()))
-    return RunReport(
-        first_start_s=starts[0],
-        last_activity_s=last,
-        wall_s=wall,
-        productive_s=productive,
-        goodput=productive / wall if wall > 0 else None,
-        steps_done=max((s.step for s in records.steps), default=0),
-        total_steps=records.total_steps,
-        restarts=tuple(restarts),
-        checkpoints=len(saves),
-        checkpoint_stall_s=stall_s,
-        checkpoint_write_s=sum(e.number("seconds") or 0.0 for e in saves),
-        breakdown=breakdown,
-        cost=_cost(records, starts, last, breakdown),
-        submitted_s=submitted,
-        stragglers=stragglers_seen(records),
-        starts_to_first_step_s=tuple(
-            s for e in records.of_kind(STARTUP_KIND) if (s := e.number("to_first_step_s")) is not None
-        ),
-        stopped_because=stop_reason(records),
-        auto_interval=_auto_interval(records, breakdown.checkpoint_stall_s + breakdown.lost_work_s, wall),
-    )
+    return TimeBreakdown(**parts, other_s=(last - origin) - sum(parts.values()))
 
 
 def _auto_interval(records: RunRecords, wasted_s: float, wall_s: float) -> AutoInterval | None:
