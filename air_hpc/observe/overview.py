@@ -1,53 +1,45 @@
 """One line per run for ``air-hpc runs``: state, progress, loss, restarts, goodput, checkpoint age, job id.
 
-Built from the run's files plus the job state the caller looked up, so the
-table renders (and is tested) without Slurm.
+Built from the run's files (:mod:`air_hpc.observe.summary`, shared with the
+Prometheus exporter) plus the job state the caller looked up, so the table
+renders (and is tested) without Slurm.
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from rich.table import Table
 
-from air_hpc.observe.progress import format_duration, run_progress
+from air_hpc.observe.progress import format_duration
 from air_hpc.observe.records import load_records
-from air_hpc.observe.report import build_report
+from air_hpc.observe.summary import RunSummary, summarize
 from air_hpc.records.rundir import RunDir
 
 
 @dataclass(frozen=True)
 class RunRow:
-    name: str
-    path: str
+    summary: RunSummary
     state: str
     job_id: str | None
-    step: int | None
-    total_steps: int | None
-    loss: float | None
-    restarts: int
-    goodput: float | None
-    last_checkpoint_age_s: float | None
 
     def to_json(self) -> dict[str, object]:
-        return asdict(self)
+        s = self.summary
+        return {
+            "name": s.name,
+            "path": s.path,
+            "state": self.state,
+            "job_id": self.job_id,
+            "step": s.step,
+            "total_steps": s.total_steps,
+            "loss": s.loss,
+            "restarts": s.restarts,
+            "goodput": s.goodput,
+            "last_checkpoint_age_s": s.last_checkpoint_age_s,
+        }
 
 
 def run_row(run_dir: RunDir, state: str, job_id: str | None, restarts: int | None, now_s: float) -> RunRow:
-    """The row of one run; restarts: the larger of the job status's count and the starts the run recorded."""
-    records = load_records(run_dir)
-    progress = run_progress(records, now_s)
-    report = build_report(records)
-    return RunRow(
-        name=run_dir.path.name,
-        path=str(run_dir.path),
-        state=state,
-        job_id=job_id,
-        step=progress.step if progress else None,
-        total_steps=records.total_steps,
-        loss=progress.loss if progress else None,
-        restarts=max(restarts or 0, progress.restarts if progress else 0),
-        goodput=report.goodput if report else None,
-        last_checkpoint_age_s=progress.last_checkpoint_age_s if progress else None,
-    )
+    """The row of one run; restarts: the job status's count (None: not known)."""
+    return RunRow(summarize(run_dir, load_records(run_dir), restarts, now_s), state, job_id)
 
 
 def runs_table(rows: list[RunRow]) -> Table:
@@ -56,15 +48,16 @@ def runs_table(rows: list[RunRow]) -> Table:
         numeric = column in ("step", "loss", "restarts", "goodput")
         table.add_column(column, justify="right" if numeric else "left", no_wrap=True)
     for row in rows:
-        step = "-" if row.step is None else f"{row.step}" + (f"/{row.total_steps}" if row.total_steps else "")
+        s = row.summary
+        step = "-" if s.step is None else f"{s.step}" + (f"/{s.total_steps}" if s.total_steps else "")
         table.add_row(
-            row.name,
+            s.name,
             row.state,
             step,
-            "-" if row.loss is None else f"{row.loss:.4f}",
-            str(row.restarts),
-            "-" if row.goodput is None else f"{100 * row.goodput:.1f}%",
-            "-" if row.last_checkpoint_age_s is None else f"{format_duration(row.last_checkpoint_age_s)} ago",
+            "-" if s.loss is None else f"{s.loss:.4f}",
+            str(s.restarts),
+            "-" if s.goodput is None else f"{100 * s.goodput:.1f}%",
+            "-" if s.last_checkpoint_age_s is None else f"{format_duration(s.last_checkpoint_age_s)} ago",
             row.job_id or "-",
         )
     return table

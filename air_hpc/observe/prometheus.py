@@ -2,9 +2,10 @@
 
 One collector turns a snapshot of every run under a root into metric families
 at each scrape (or textfile write), so nothing is cached between scrapes and a
-run that appears or finishes shows up at once. Values come from the same model
-as ``air-hpc status`` and ``report`` (:mod:`air_hpc.observe.records`,
-``progress``, ``report``); a value a run does not have yet is left out, not 0.
+run that appears or finishes shows up at once. Values come from the same
+per-run summary as ``air-hpc runs`` (:mod:`air_hpc.observe.summary`, built on
+``records``, ``progress`` and ``report``); a value a run does not have yet is
+left out, not 0.
 
 The endpoint answers in OpenMetrics when the scraper asks for it (Prometheus
 does) and in the classic text format otherwise; the textfile is written in the
@@ -23,9 +24,8 @@ from prometheus_client.registry import Collector
 
 from air_hpc.errors import UserError
 from air_hpc.health.heartbeat import read_beats
-from air_hpc.observe.progress import run_progress
 from air_hpc.observe.records import RunRecords
-from air_hpc.observe.report import build_report
+from air_hpc.observe.summary import RunSummary, summarize
 from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.jobs import JobState
 
@@ -64,18 +64,10 @@ def phase(state: JobState | None) -> str:
 
 @dataclass(frozen=True)
 class RunMetrics:
-    run: str
-    path: str
+    summary: RunSummary
     job_id: str | None
     executor: str | None
     state: JobState | None
-    step: int | None
-    total_steps: int | None
-    loss: float | None
-    tokens_per_s: float | None
-    goodput: float | None
-    restarts: int
-    checkpoint_age_s: float | None
     heartbeat_age_s: float | None
 
 
@@ -102,23 +94,42 @@ def run_metrics(
     now_s: float,
 ) -> RunMetrics:
     """A run's numbers now: from its records, plus the job state the caller looked up."""
-    progress = run_progress(records, now_s)
-    report = build_report(records)
-    return RunMetrics(
-        run=run_dir.path.name,
-        path=str(run_dir.path),
-        job_id=job_id,
-        executor=executor,
-        state=state,
-        step=progress.step if progress else None,
-        total_steps=records.total_steps,
-        loss=progress.loss if progress else None,
-        tokens_per_s=progress.tokens_per_s if progress else None,
-        goodput=report.goodput if report else None,
-        restarts=max(restarts, progress.restarts if progress else 0),
-        checkpoint_age_s=progress.last_checkpoint_age_s if progress else None,
-        heartbeat_age_s=heartbeat_age_s(run_dir, now_s),
-    )
+    summary = summarize(run_dir, records, restarts, now_s)
+    return RunMetrics(summary, job_id, executor, state, heartbeat_age_s(run_dir, now_s))
+
+
+@dataclass(frozen=True)
+class _Gauge:
+    name: str
+    help: str
+    value_of: Callable[[RunMetrics], float | None]
+    unit: str = ""
+
+
+_GAUGES = (
+    _Gauge("step", "Last trained step.", lambda r: r.summary.step),
+    _Gauge("total_steps", "Steps the run trains in all.", lambda r: r.summary.total_steps),
+    _Gauge("loss", "Loss of the last step.", lambda r: r.summary.loss),
+    _Gauge("tokens_per_second", "Training throughput (median of recent steps).", lambda r: r.summary.tokens_per_s),
+    _Gauge(
+        "goodput_ratio",
+        "Productive training time / wall time since the first start.",
+        lambda r: r.summary.goodput,
+        "ratio",
+    ),
+    _Gauge(
+        "checkpoint_age_seconds",
+        "Seconds since the last checkpoint saved.",
+        lambda r: r.summary.last_checkpoint_age_s,
+        "seconds",
+    ),
+    _Gauge(
+        "heartbeat_age_seconds",
+        "Seconds since the newest rank heartbeat of the latest start.",
+        lambda r: r.heartbeat_age_s,
+        "seconds",
+    ),
+)
 
 
 def families(runs: Sequence[RunMetrics]) -> list[Metric]:
@@ -127,53 +138,16 @@ def families(runs: Sequence[RunMetrics]) -> list[Metric]:
     state = GaugeMetricFamily(
         f"{PREFIX}_state", "1 for the run's current state, 0 for the others.", labels=["run", "state"]
     )
-    gauges: dict[str, tuple[GaugeMetricFamily, Callable[[RunMetrics], float | None]]] = {
-        "step": (GaugeMetricFamily(f"{PREFIX}_step", "Last trained step.", labels=["run"]), lambda r: r.step),
-        "total": (
-            GaugeMetricFamily(f"{PREFIX}_total_steps", "Steps the run trains in all.", labels=["run"]),
-            lambda r: r.total_steps,
-        ),
-        "loss": (GaugeMetricFamily(f"{PREFIX}_loss", "Loss of the last step.", labels=["run"]), lambda r: r.loss),
-        "tokens": (
-            GaugeMetricFamily(
-                f"{PREFIX}_tokens_per_second", "Training throughput (median of recent steps).", labels=["run"]
-            ),
-            lambda r: r.tokens_per_s,
-        ),
-        "goodput": (
-            GaugeMetricFamily(
-                f"{PREFIX}_goodput_ratio",
-                "Productive training time / wall time since the first start.",
-                labels=["run"],
-                unit="ratio",
-            ),
-            lambda r: r.goodput,
-        ),
-        "checkpoint": (
-            GaugeMetricFamily(
-                f"{PREFIX}_checkpoint_age_seconds",
-                "Seconds since the last checkpoint saved.",
-                labels=["run"],
-                unit="seconds",
-            ),
-            lambda r: r.checkpoint_age_s,
-        ),
-        "heartbeat": (
-            GaugeMetricFamily(
-                f"{PREFIX}_heartbeat_age_seconds",
-                "Seconds since the newest rank heartbeat of the latest start.",
-                labels=["run"],
-                unit="seconds",
-            ),
-            lambda r: r.heartbeat_age_s,
-        ),
-    }
+    gauges = [
+        (GaugeMetricFamily(f"{PREFIX}_{g.name}", g.help, labels=["run"], unit=g.unit), g.value_of) for g in _GAUGES
+    ]
     restarts = CounterMetricFamily(f"{PREFIX}_restarts", "Restarts (requeues) of the run so far.", labels=["run"])
     for r in runs:
+        run = r.summary.name
         info.add_metric(
-            [r.run],
+            [run],
             {
-                "path": r.path,
+                "path": r.summary.path,
                 "job_id": r.job_id or "",
                 "executor": r.executor or "",
                 "slurm_state": str(r.state) if r.state is not None else "",
@@ -181,13 +155,13 @@ def families(runs: Sequence[RunMetrics]) -> list[Metric]:
         )
         current = phase(r.state)
         for name in STATES:
-            state.add_metric([r.run, name], 1.0 if name == current else 0.0)
-        for family, value_of in gauges.values():
+            state.add_metric([run, name], 1.0 if name == current else 0.0)
+        for family, value_of in gauges:
             value = value_of(r)
             if value is not None:
-                family.add_metric([r.run], float(value))
-        restarts.add_metric([r.run], float(r.restarts))
-    return [info, state, *(family for family, _ in gauges.values()), restarts]
+                family.add_metric([run], float(value))
+        restarts.add_metric([run], float(r.summary.restarts))
+    return [info, state, *(family for family, _ in gauges), restarts]
 
 
 class RunsCollector(Collector):

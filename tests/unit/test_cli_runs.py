@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from air_hpc.cli.main import cli, main
+from air_hpc.launch.fleet import snapshot
 from air_hpc.launch.runs import RUNS_ROOT_ENV, resolve_run
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import record_submission
@@ -176,3 +177,15 @@ def test_usage_errors_are_json_too_when_asked(tmp_path: Path, capsys: pytest.Cap
     code, out, err = run_main(["runs", "--root", str(tmp_path), "--json", "--bogus"], capsys)
     assert code == 2 and err == ""
     assert json.loads(out) == {"error": "error: No such option '--bogus'.", "exit_code": 2}
+
+
+def test_runs_and_the_metrics_exporter_show_the_same_numbers(
+    slurm_run: tuple[RunDir, FakeSlurm, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One per-run summary feeds both; the columns they share agree."""
+    _, fake, _ = slurm_run
+    row = json.loads(invoke(["runs", "--root", str(tmp_path / "runs"), "--json"], fake, capsys))["runs"][0]
+    (metrics,) = snapshot(tmp_path / "runs", fake)
+    shared = ("name", "path", "step", "total_steps", "loss", "restarts", "goodput")
+    assert {k: row[k] for k in shared} == {k: getattr(metrics.summary, k) for k in shared}
+    assert row["step"] is not None and row["goodput"] is not None
