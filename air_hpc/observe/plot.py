@@ -7,6 +7,7 @@ first step) is shaded too, and tokens/s is drawn raw and as a running median.
 """
 
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +63,31 @@ def plot_run(records: RunRecords, report: RunReport, output: Path, title: str) -
     fig, (ax_loss, ax_tps, ax_time) = plt.subplots(
         3, 1, figsize=(11, 8), sharex=True, gridspec_kw={"height_ratios": [3, 2, 1.4]}
     )
+    _plot_training(ax_loss, ax_tps, records, report, minutes)
+    _shade_startups((ax_loss, ax_tps, ax_time), records, report, minutes)
+    _timeline(ax_time, records, report, minutes)
+    _shade_restarts((ax_loss, ax_tps, ax_time), report, minutes)
+    ax_loss.legend(loc="upper right", fontsize=8)
+    ax_time.set_xlabel("minutes since the first start")
+    goodput = f"{100 * report.goodput:.1f}%" if report.goodput is not None else "n/a"
+    fig.suptitle(
+        f"{title}: step {report.steps_done}{f'/{report.total_steps}' if report.total_steps else ''}, "
+        f"{len(report.restarts)} restart(s), goodput {goodput}"
+    )
+    fig.tight_layout()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(output, dpi=110, format="png")
+    plt.close(fig)
+    return output
+
+
+def _plot_training(ax_loss: Any, ax_tps: Any, records: RunRecords, report: RunReport, minutes: Any) -> None:
+    """Loss, and tokens/s with its running median, one line per start."""
     for number, segment in enumerate(_segments(records, report)):
         if not segment:
             continue
         label = "first start" if number == 0 else f"after restart {number}"
-        xs = [minutes(s.time_s or t0) for s in segment]
+        xs = [minutes(s.time_s or report.first_start_s) for s in segment]
         losses = [(x, s.loss) for x, s in zip(xs, segment, strict=True) if s.loss is not None]
         if losses:
             ax_loss.plot(*zip(*losses, strict=True), marker=".", markersize=3, linewidth=1, label=label)
@@ -87,23 +108,30 @@ def plot_run(records: RunRecords, report: RunReport, output: Path, title: str) -
     ax_loss.set_ylabel("loss")
     ax_tps.set_ylabel("tokens/s")
     ax_tps.legend(loc="lower right", fontsize=7)
+
+
+def _shade_startups(axes: Sequence[Any], records: RunRecords, report: RunReport, minutes: Any) -> None:
+    """Each start's start-up span on every axis (labelled once, on the first)."""
     for number, (since, until) in enumerate(startup_spans(records, report)):
-        for ax in (ax_loss, ax_tps, ax_time):
+        for ax in axes:
             ax.axvspan(
                 minutes(since),
                 minutes(until),
                 color=STARTUP_COLOR,
                 alpha=0.2,
                 linewidth=0,
-                label="start-up" if number == 0 and ax is ax_loss else None,
+                label="start-up" if number == 0 and ax is axes[0] else None,
             )
-    _timeline(ax_time, records, report, minutes)
+
+
+def _shade_restarts(axes: Sequence[Any], report: RunReport, minutes: Any) -> None:
+    """Each restart's latency (filled) and lost work (hatched) on every axis, labelled on the first."""
     for restart in report.restarts:
         color = CAUSE_COLORS.get(restart.cause, "tab:gray")
         end = restart.resumed_s if restart.resumed_s is not None else report.last_activity_s
         lost_from = restart.interrupted_s - restart.lost_compute_s
-        for ax in (ax_loss, ax_tps, ax_time):
-            labelled = ax is ax_loss
+        for ax in axes:
+            labelled = ax is axes[0]
             ax.axvspan(
                 minutes(restart.interrupted_s),
                 minutes(end),
@@ -123,18 +151,6 @@ def plot_run(records: RunRecords, report: RunReport, output: Path, title: str) -
                 linewidth=0,
                 label=f"restart {restart.number} lost work" if labelled else None,
             )
-    ax_loss.legend(loc="upper right", fontsize=8)
-    ax_time.set_xlabel("minutes since the first start")
-    goodput = f"{100 * report.goodput:.1f}%" if report.goodput is not None else "n/a"
-    fig.suptitle(
-        f"{title}: step {report.steps_done}{f'/{report.total_steps}' if report.total_steps else ''}, "
-        f"{len(report.restarts)} restart(s), goodput {goodput}"
-    )
-    fig.tight_layout()
-    output.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(output, dpi=110, format="png")
-    plt.close(fig)
-    return output
 
 
 def _timeline(ax: Any, records: RunRecords, report: RunReport, minutes: Any) -> None:
