@@ -41,6 +41,11 @@ def _preempt_mode(facts: ClusterFacts, part: Partition | None) -> str:
 
 def cluster_findings(facts: ClusterFacts, partition: str | None = None) -> list[Finding]:
     """What the cluster itself lacks for preemption-proof training (no job needed)."""
+    return [*_requeue_findings(facts), *_topology_findings(facts), *_preemption_findings(facts, partition)]
+
+
+def _requeue_findings(facts: ClusterFacts) -> list[Finding]:
+    """Accounting (to see a job after it leaves the queue) and exit codes Slurm would requeue a second time."""
     s = facts.settings
     found: list[Finding] = []
     if not facts.accounting.available:
@@ -66,12 +71,18 @@ def cluster_findings(facts: ClusterFacts, partition: str | None = None) -> list[
                     f"requeueing the job itself; Slurm then {what}",
                 )
             )
+    return found
+
+
+def _topology_findings(facts: ClusterFacts) -> list[Finding]:
+    """A topology file air-hpc cannot read, or no topology plugin at all."""
+    found: list[Finding] = []
     if facts.topology.file is not None:
         try:
             files.read_any(facts.topology.file.read_text(), str(facts.topology.file))
         except (OSError, TopologyError) as exc:
             found.append(Finding("warning", "topology file", f"air-hpc cannot use the cluster's: {exc}"))
-    if s.topology_plugin is None:
+    if facts.settings.topology_plugin is None:
         found.append(
             Finding(
                 "warning",
@@ -79,10 +90,16 @@ def cluster_findings(facts: ClusterFacts, partition: str | None = None) -> list[
                 "no topology plugin: --switches is ignored, so jobs may span leaf switches",
             )
         )
+    return found
+
+
+def _preemption_findings(facts: ClusterFacts, partition: str | None) -> list[Finding]:
+    """Per partition: a preemption mode that cancels, or no grace time to checkpoint in."""
+    found: list[Finding] = []
     parts = [p for p in facts.partitions if partition is None or p.name == partition]
     for part in parts:
         mode = _preempt_mode(facts, part)
-        if not s.preemption_enabled or mode == "OFF":
+        if not facts.settings.preemption_enabled or mode == "OFF":
             continue
         where = f"partition {part.name}"
         if "CANCEL" in mode:
@@ -125,8 +142,17 @@ def job_findings(job: JobConfig, facts: ClusterFacts) -> list[Finding]:
 
 
 def _partition_fit(job: JobConfig, facts: ClusterFacts, part: Partition) -> list[Finding]:
+    """The partition's limits, then (where sinfo described its nodes) whether enough nodes fit one task set."""
+    found = _partition_limits(job, part)
+    if part.groups:
+        found += _node_fit(job, part)
+    return found
+
+
+def _partition_limits(job: JobConfig, part: Partition) -> list[Finding]:
+    """State, MaxTime and the node-count limits of the partition."""
     found: list[Finding] = []
-    r, hw = job.resources, job.hardware
+    r = job.resources
     name = f"partition {part.name}"
     if part.state.upper() != "UP":
         found.append(Finding("error", "cluster.partition", f"{name} is {part.state}: it starts no jobs"))
@@ -148,8 +174,14 @@ def _partition_fit(job: JobConfig, facts: ClusterFacts, part: Partition) -> list
         found.append(
             Finding("error", "resources.nodes", f"{r.nodes} nodes is under {name}'s MinNodes of {part.min_nodes}")
         )
-    if not part.groups:
-        return found
+    return found
+
+
+def _node_fit(job: JobConfig, part: Partition) -> list[Finding]:
+    """Whether the partition's nodes have the CPUs, memory and GPUs one node of the job needs, and enough do."""
+    found: list[Finding] = []
+    r, hw = job.resources, job.hardware
+    name = f"partition {part.name}"
     cpus = r.tasks_per_node * r.cpus_per_task
     mem_mb = (r.mem_gb or 0) * 1024
     gpus = hw.gpus_per_node if hw.device == "cuda" else 0
