@@ -195,19 +195,6 @@ def build_spec(
     env = {**job_environment(job), **(extra_env or {})}
     res, cluster, resil = job.resources, job.cluster, job.resilience
     container = job.container
-    mounts: tuple[str, ...] = ()
-    if container is not None:
-        for bad in (",", ":"):
-            if bad in str(run_dir):
-                raise ConfigError(
-                    f"run.root/run.name: {str(run_dir)!r} contains {bad!r}, which pyxis mounts cannot hold"
-                )
-        check_one_line(container.image, "container.image")
-        for mount in container.mounts:
-            check_one_line(mount, "container.mounts")
-            if "," in mount:
-                raise ConfigError(f"container.mounts: {mount!r} contains ',', which separates pyxis mounts")
-        mounts = tuple(sorted({*container.mounts, f"{run_dir}:{run_dir}"}))
     return SbatchSpec(
         job_name=job.run.name,
         run_dir=run_dir,
@@ -231,12 +218,28 @@ def build_spec(
         env=tuple(sorted(env.items())),
         request=request,
         container_image=container.image if container else None,
-        container_mounts=mounts,
+        container_mounts=_container_mounts(job, run_dir),
         # Under the supervisor the backstop is the supervisor's: it knows which start's heartbeats to watch.
         hang_backstop_s=None if res.spare_nodes else hang_backstop_s(job),
         spare_nodes=res.spare_nodes,
         supervisor_command=supervisor_command(job, run_dir, python) if res.spare_nodes else (),
     )
+
+
+def _container_mounts(job: JobConfig, run_dir: Path) -> tuple[str, ...]:
+    """The pyxis mounts (the run directory at its own path, always); none without a container."""
+    container = job.container
+    if container is None:
+        return ()
+    for bad in (",", ":"):
+        if bad in str(run_dir):
+            raise ConfigError(f"run.root/run.name: {str(run_dir)!r} contains {bad!r}, which pyxis mounts cannot hold")
+    check_one_line(container.image, "container.image")
+    for mount in container.mounts:
+        check_one_line(mount, "container.mounts")
+        if "," in mount:
+            raise ConfigError(f"container.mounts: {mount!r} contains ',', which separates pyxis mounts")
+    return tuple(sorted({*container.mounts, f"{run_dir}:{run_dir}"}))
 
 
 def hang_backstop_s(job: JobConfig) -> int:
