@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from air_hpc.config import load_job
+from air_hpc.config import JobConfig, load_job
 from air_hpc.config.load import PRESETS_DIR
 from air_hpc.errors import AirHpcError
 from air_hpc.launch.control import run_status, watch_run
-from air_hpc.launch.submit import submit
+from air_hpc.launch.submit import Submission, submit
 from air_hpc.launch.waiting import describe_failure, wait_deadline_s, wait_slurm
 from air_hpc.observe.plot import plot_run
 from air_hpc.observe.records import load_records
@@ -81,7 +81,18 @@ def run_demo(
     echo(f"testbed up: {len(status['nodes'])} nodes on leaves {status['leaves']} ({bed.layout.root})")
     echo(f"  use it from a shell: export SLURM_CONF={bed.layout.slurm_conf}")
     client = bed.client()
+    job, submission = _submit_demo(bed, client, run_root, echo)
+    run_dir = RunDir(submission.run_dir)
+    final = _preempt_and_wait(job, run_dir, client, submission.job_id, preempt_at_step, echo, console)
+    plot = _report_and_plot(run_dir, job.run.name, echo)
+    echo(f"the testbed stays up; stop it with: air-hpc testbed down --state-dir {bed.layout.root}")
+    return DemoResult(submission.job_id, final.state.value, run_dir.path, plot)
 
+
+def _submit_demo(
+    bed: Testbed, client: SlurmClient, run_root: Path, echo: Callable[[str], None]
+) -> tuple[JobConfig, Submission]:
+    """Write the corpus if missing and submit the demo job onto the testbed's topology."""
     corpus = run_root / "data" / "corpus.h5"
     ensure_corpus(corpus, echo)
     name = time.strftime("gpt-tiny-demo-%Y%m%d-%H%M%S")
@@ -97,21 +108,32 @@ def run_demo(
     submission = submit(job, "slurm", client)
     for note in submission.plan.notes:
         echo(f"placement: {note}")
-    run_dir = RunDir(submission.run_dir)
     echo(
         f"submitted job {submission.job_id}: gpt-tiny TP{job.layout.tp}xPP{job.layout.pp}xDP{job.layout.dp} "
-        f"on {job.resources.nodes} nodes; script {run_dir.sbatch}"
+        f"on {job.resources.nodes} nodes; script {RunDir(submission.run_dir).sbatch}"
     )
+    return job, submission
 
-    reached = wait_for_step(run_dir, preempt_at_step, client, submission.job_id, timeout_s=300)
-    client.run(["scancel", f"--signal={job.resilience.signal}", "--batch", submission.job_id], retry=False)
-    echo(f"preempting at step {reached}: scancel --signal={job.resilience.signal} --batch {submission.job_id}")
+
+def _preempt_and_wait(
+    job: JobConfig,
+    run_dir: RunDir,
+    client: SlurmClient,
+    job_id: str,
+    preempt_at_step: int,
+    echo: Callable[[str], None],
+    console: "Console | None",
+) -> JobStatus:
+    """Signal the job as a preemption would at ``preempt_at_step``, wait for its end, and show its events."""
+    reached = wait_for_step(run_dir, preempt_at_step, client, job_id, timeout_s=300)
+    client.run(["scancel", f"--signal={job.resilience.signal}", "--batch", job_id], retry=False)
+    echo(f"preempting at step {reached}: scancel --signal={job.resilience.signal} --batch {job_id}")
 
     def show(change: JobStatus) -> None:
-        echo(f"  job {submission.job_id}: {change.state}, restarts {change.restarts}")
+        echo(f"  job {job_id}: {change.state}, restarts {change.restarts}")
 
     if console is None:
-        final = wait_slurm(client, submission.job_id, timeout_s=wait_deadline_s(job), poll_s=1.0, on_change=show)
+        final = wait_slurm(client, job_id, timeout_s=wait_deadline_s(job), poll_s=1.0, on_change=show)
     else:
         final = watch_run(lambda: run_status(run_dir, client), console, timeout_s=wait_deadline_s(job), poll_s=1.0).job
     for event in read_jsonl(run_dir.events) if run_dir.events.exists() else []:
@@ -121,7 +143,11 @@ def run_demo(
             echo(f"  {event['kind']}: {details}")
     if final.state.value != "COMPLETED":
         raise AirHpcError(describe_failure(final) + f"; see {run_dir.logs}")
+    return final
 
+
+def _report_and_plot(run_dir: RunDir, name: str, echo: Callable[[str], None]) -> Path:
+    """Print the goodput report and write ``run.png``; returns the plot's path."""
     records = load_records(run_dir)
     report = build_report(records)
     if report is None:
@@ -129,5 +155,4 @@ def run_demo(
     echo(format_report(report))
     plot = plot_run(records, report, run_dir.path / "run.png", name)
     echo(f"plot: {plot}")
-    echo(f"the testbed stays up; stop it with: air-hpc testbed down --state-dir {bed.layout.root}")
-    return DemoResult(submission.job_id, final.state.value, run_dir.path, plot)
+    return plot
