@@ -14,9 +14,10 @@ from air_hpc.digits import ascii_int
 from air_hpc.errors import UserError
 
 if TYPE_CHECKING:
-    from air_hpc.launch.control import RunStatus
+    from air_hpc.launch.control import LogSource, RunStatus
     from air_hpc.launch.plan import Plan
     from air_hpc.launch.submit import Submission
+    from air_hpc.records.rundir import RunDir
     from air_hpc.slurm.client import SlurmClient
 
 python_option = click.option(
@@ -259,54 +260,65 @@ def logs(run: str, follow: bool, rank: int | None, pattern: str | None, as_json:
     run_dir = resolve_run(run)
     check_rank(run_dir, rank)
     record = latest_submission(run_dir)
-    sources = log_sources(run_dir, record, rank)
-    offsets = {source: 0 for source in sources}
-    shown_last: list[Path | None] = [None]
-    collected: list[dict[str, str]] = []
-
-    def label(path: Path) -> str:
-        return str(path.relative_to(run_dir.path)) if path.is_relative_to(run_dir.path) else str(path)
-
-    def drain(whole: bool) -> None:
-        """Print what was appended; while following, hold back a line still being written."""
-        for source in sources:
-            try:
-                with source.path.open("rb") as handle:
-                    handle.seek(offsets[source])
-                    data = handle.read()
-            except FileNotFoundError:
-                continue
-            complete = data if whole else data[: data.rfind(b"\n") + 1]
-            offsets[source] += len(complete)
-            lines = source.select(complete.decode(errors="replace").splitlines())
-            if matcher is not None:
-                lines = [line for line in lines if matcher.search(line)]
-            if as_json:
-                collected.extend({"file": label(source.path), "line": line} for line in lines)
-                continue
-            if lines and shown_last[0] != source.path:
-                click.echo(f"==> {label(source.path)} <==")
-                shown_last[0] = source.path
-            for line in lines:
-                click.echo(line)
-
-    drain(whole=not follow)
-    if not any(source.path.exists() for source in sources) and not follow:
-        looked = ", ".join(label(source.path) for source in sources)
+    tail = _LogTail(run_dir, log_sources(run_dir, record, rank), matcher, as_json)
+    tail.drain(whole=not follow)
+    if not any(source.path.exists() for source in tail.sources) and not follow:
+        looked = ", ".join(tail.label(source.path) for source in tail.sources)
         raise UserError(f"{run}: no output yet for job {record.job_id} (looked for {looked})")
     if as_json:
-        echo_json({"run_dir": str(run_dir.path), "job_id": record.job_id, "rank": rank, "lines": collected})
+        echo_json({"run_dir": str(run_dir.path), "job_id": record.job_id, "rank": rank, "lines": tail.collected})
         return
     if not follow:
         return
     client = slurm_client()
     while True:
         time.sleep(1.0)
-        drain(whole=False)
+        tail.drain(whole=False)
         if run_status(run_dir, client).job.state.terminal:
             time.sleep(1.0)
-            drain(whole=True)
+            tail.drain(whole=True)
             return
+
+
+class _LogTail:
+    """What each log source gained since the last :meth:`drain`: printed under headers, or collected for --json."""
+
+    def __init__(
+        self, run_dir: "RunDir", sources: "list[LogSource]", matcher: "re.Pattern[str] | None", as_json: bool
+    ) -> None:
+        self.run_dir = run_dir
+        self.sources = sources
+        self.matcher = matcher
+        self.as_json = as_json
+        self.offsets = {source: 0 for source in sources}
+        self.shown_last: Path | None = None
+        self.collected: list[dict[str, str]] = []
+
+    def label(self, path: Path) -> str:
+        return str(path.relative_to(self.run_dir.path)) if path.is_relative_to(self.run_dir.path) else str(path)
+
+    def drain(self, whole: bool) -> None:
+        """Print what was appended; while following, hold back a line still being written."""
+        for source in self.sources:
+            try:
+                with source.path.open("rb") as handle:
+                    handle.seek(self.offsets[source])
+                    data = handle.read()
+            except FileNotFoundError:
+                continue
+            complete = data if whole else data[: data.rfind(b"\n") + 1]
+            self.offsets[source] += len(complete)
+            lines = source.select(complete.decode(errors="replace").splitlines())
+            if self.matcher is not None:
+                lines = [line for line in lines if self.matcher.search(line)]
+            if self.as_json:
+                self.collected.extend({"file": self.label(source.path), "line": line} for line in lines)
+                continue
+            if lines and self.shown_last != source.path:
+                click.echo(f"==> {self.label(source.path)} <==")
+                self.shown_last = source.path
+            for line in lines:
+                click.echo(line)
 
 
 @click.command()
