@@ -1,4 +1,4 @@
-"""Job configuration: typed models and the loader that composes profiles."""
+"""Job configuration: typed models, the cross-field rules (``rules``) and the loader that composes profiles."""
 
 from air_hpc.config.layout import ParallelLayout
 from air_hpc.config.load import load_job
