@@ -23,8 +23,12 @@ class EventLog:
         self.path = Path(path)
 
     def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
-        """Write ``{"time": ..., "kind": kind, **fields}`` as one line and fsync it."""
-        event = record(kind, time.time(), **fields)
+        """Write ``{"time": now, "kind": kind, **fields}`` as one line and fsync it."""
+        return self.emit_at(time.time(), kind, **fields)
+
+    def emit_at(self, at_s: float, kind: str, **fields: Any) -> dict[str, Any]:
+        """As :meth:`emit`, for a moment already passed (the batch shell's signal, noted on entry)."""
+        event = record(kind, at_s, **fields)
         append(self.path, event, durable=True)
         log.info("event %s %s", kind, fields)
         return event

@@ -22,10 +22,12 @@ status/logs/report) goes through :class:`RunDir`, so the layout lives here only:
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from air_hpc.config.load import validate_json
-from air_hpc.config.models import JobConfig
 from air_hpc.records import names
+
+if TYPE_CHECKING:
+    from air_hpc.config.models import JobConfig
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,7 @@ class RunDir:
     path: Path
 
     @classmethod
-    def of(cls, job: JobConfig) -> "RunDir":
+    def of(cls, job: "JobConfig") -> "RunDir":
         return cls(job.run.dir)
 
     @property
@@ -98,9 +100,12 @@ class RunDir:
             self.logs / names.BATCH_STDERR.replace("%j", job_id),
         )
 
-    def write_job(self, job: JobConfig) -> None:
+    def write_job(self, job: "JobConfig") -> None:
         self.path.mkdir(parents=True, exist_ok=True)
         self.job_json.write_text(job.model_dump_json(indent=2) + "\n")
 
-    def read_job(self) -> JobConfig:
+    def read_job(self) -> "JobConfig":
+        # pydantic (~4x the rest of records/) only here: the batch shell's helper and the signal path import records/.
+        from air_hpc.config.load import validate_json
+
         return validate_json(self.job_json)

@@ -151,6 +151,11 @@ def latest_submission(run_dir: RunDir) -> SubmissionRecord:
     return records[-1]
 
 
+def record_start(run_dir: RunDir, job_id: str, restart_count: int, nodelist: str) -> None:
+    """The batch script's ``started`` line: one per start of the job (the first, then each requeue)."""
+    _append(run_dir, "started", int(time.time()), job_id=job_id, restart_count=restart_count, nodelist=nodelist)
+
+
 def started_time(path: Path, job_id: str | None) -> float | None:
     """Time of the newest ``started`` line for ``job_id`` (any job id when None) in a submissions file."""
     for entry in reversed(read_jsonl(path)):

@@ -12,22 +12,12 @@ from pathlib import Path
 
 from air_hpc.config.models import JobConfig, SignalName
 from air_hpc.errors import ConfigError
-from air_hpc.exitcodes import REQUEUE_WORTHY, ExitCode
+from air_hpc.exitcodes import ExitCode
 from air_hpc.records import names
 from air_hpc.records.rundir import RunDir
 from air_hpc.render.quoting import check_env_name, check_one_line, slurm_filename
 from air_hpc.slurm import hostlist
 from air_hpc.topology.request import NodeRequest
-
-#: MASTER_PORT = base + job id modulo span: the same port after a requeue, rarely shared by two jobs, and
-#: below Linux's default ephemeral range (32768-60999), where any outgoing connection may hold it.
-MASTER_PORT_BASE = 20000
-MASTER_PORT_SPAN = 12000
-
-
-def master_port(job_id: int) -> int:
-    """Rank 0's port, derived from the job id so it survives requeues (the batch script does the same sum)."""
-    return MASTER_PORT_BASE + job_id % MASTER_PORT_SPAN
 
 
 @dataclass(frozen=True)
@@ -56,13 +46,14 @@ class SbatchSpec:
     request: NodeRequest = field(default_factory=NodeRequest)
     container_image: str | None = None
     container_mounts: tuple[str, ...] = ()
-    requeue_codes: tuple[int, ...] = field(default=tuple(sorted(int(c) for c in REQUEUE_WORTHY)))
     hang_backstop_s: int | None = None
     """The batch script stops the step as hung when no rank has beaten for this long (None: no check)."""
     spare_nodes: int = 0
     """Hot spares allocated beside ``nodes``; with any, the step runs under the supervisor."""
     supervisor_command: tuple[str, ...] = ()
     """The in-job supervisor that starts (and restarts) the ``srun`` step when there are spares."""
+    batch_command: tuple[str, ...] = ()
+    """The batch script's Python half (``air_hpc.launch.batch``): start, events, backstop, requeue decision."""
 
     @property
     def armed_needed(self) -> int:
@@ -107,21 +98,10 @@ class SbatchSpec:
         """The template's variables: exit codes from ``air_hpc.exitcodes``, file names from ``air_hpc.records``."""
         return {
             "spec": self,
-            "exit_ok": int(ExitCode.OK),
-            "master_port_base": MASTER_PORT_BASE,
-            "master_port_span": MASTER_PORT_SPAN,
+            "exit_failure": int(ExitCode.FAILURE),
             "hostfile_name": names.HOSTFILE,
-            "submissions_name": names.SUBMISSIONS,
-            "bad_nodes_name": names.BAD_NODES,
-            "events_name": names.EVENTS,
-            "heartbeat_name": names.HEARTBEAT,
-            "beat_glob": names.BEAT_GLOB,
-            "exit_code_file": names.EXIT_CODE_FILE,
             "armed_prefix": names.ARMED_FILE_PREFIX,
             "stop_requested_file": names.STOP_REQUESTED_FILE,
-            "kind_key": names.KIND,
-            "exit_hung": int(ExitCode.HUNG),
-            "exit_crash_loop": int(ExitCode.CRASH_LOOP),
             "backstop_poll_s": max(1, min(60, (self.hang_backstop_s or 0) // 10)),
         }
 
@@ -164,10 +144,17 @@ def training_command(python: str, run_dir: Path) -> tuple[str, ...]:
     return (python, "-m", "air_hpc.launch", str(run_dir))
 
 
+def host_python(job: JobConfig, python: str | None = None) -> str:
+    """The interpreter beside the batch shell, outside any container: the container's python is not there."""
+    return python if python and job.container is None else job.cluster.python or sys.executable
+
+
 def supervisor_command(job: JobConfig, run_dir: Path, python: str | None = None) -> tuple[str, ...]:
-    """The supervisor runs beside the batch shell, outside any container: the container's python is not there."""
-    host_python = python if python and job.container is None else job.cluster.python or sys.executable
-    return (host_python, "-m", "air_hpc.launch.supervisor", str(run_dir))
+    return (host_python(job, python), "-m", "air_hpc.launch.supervisor", str(run_dir))
+
+
+def batch_command(job: JobConfig, python: str | None = None) -> tuple[str, ...]:
+    return (host_python(job, python), "-m", "air_hpc.launch.batch")
 
 
 def build_spec(
@@ -223,6 +210,7 @@ def build_spec(
         hang_backstop_s=None if res.spare_nodes else hang_backstop_s(job),
         spare_nodes=res.spare_nodes,
         supervisor_command=supervisor_command(job, run_dir, python) if res.spare_nodes else (),
+        batch_command=batch_command(job, python),
     )
 
 

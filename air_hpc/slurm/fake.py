@@ -256,6 +256,8 @@ class FakeSlurm(SlurmClient):
         if words[:1] == ["requeue"]:
             self.requeue(words[1])
             return self._done(args)
+        if words[:1] == ["update"]:
+            return self._done(args)
         raise NotImplementedError(f"fake scontrol: {shlex.join(args)}")
 
     def _scancel(self, args: list[str]) -> subprocess.CompletedProcess[str]:

@@ -218,7 +218,18 @@ def parse_tagged(text: str) -> list[tuple[str, str, str]]:
     return found
 
 
-_SCONTROL_KEYS = ("JobId", "JobState", "Reason", "Restarts", "NumNodes", "NodeList", "ExitCode", "BatchHost")
+_SCONTROL_KEYS = (
+    "JobId",
+    "JobState",
+    "Reason",
+    "Restarts",
+    "NumNodes",
+    "NodeList",
+    "ExitCode",
+    "BatchHost",
+    "PreemptTime",
+    "EndTime",
+)
 
 
 def parse_scontrol_job(text: str) -> dict[str, str]:

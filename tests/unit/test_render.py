@@ -12,7 +12,6 @@ import pytest
 
 from air_hpc.config import JobConfig, load_job
 from air_hpc.errors import ConfigError
-from air_hpc.exitcodes import REQUEUE_WORTHY
 from air_hpc.render import NodeRequest, build_spec, job_environment, render_script
 from air_hpc.render.quoting import sbatch_value, shell_quote
 
@@ -251,13 +250,7 @@ def test_user_env_wins_over_profile() -> None:
 def test_user_master_port_is_not_overridden() -> None:
     text = render_for(["env.MASTER_PORT=29500"])
     assert "export MASTER_PORT=29500" in text
-    assert "SLURM_JOB_ID %" not in text
-
-
-def test_requeue_codes_come_from_the_contract() -> None:
-    text = render_for([])
-    codes = "|".join(str(int(c)) for c in sorted(REQUEUE_WORTHY))
-    assert f"    {codes})\n" in text
+    assert "--master" not in text and "export MASTER_ADDR MASTER_PORT" not in text
 
 
 def test_rank_order_goes_to_hostfile_and_arbitrary_distribution() -> None:
@@ -265,7 +258,7 @@ def test_rank_order_goes_to_hostfile_and_arbitrary_distribution() -> None:
     assert "#SBATCH --nodelist=n[3-4]" in text
     assert "printf '%s\\n' n4 n4 n3 n3 >\"$SLURM_HOSTFILE\"" in text
     assert "--distribution=arbitrary" in text and "--ntasks-per-node=2 --cpus" not in text
-    assert 'MASTER_ADDR=$(head -n1 "$SLURM_HOSTFILE")' in text
+    assert 'start "$run_dir" --hostfile "$SLURM_HOSTFILE" --master)' in text
 
 
 @pytest.mark.parametrize(

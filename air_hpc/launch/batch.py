@@ -1,0 +1,338 @@
+"""The batch script's Python half: ``python -m air_hpc.launch.batch <command> RUN_DIR ...``.
+
+The rendered script (``sbatch/job.sbatch.j2``) keeps in bash only what must run
+outside any Python process: the stop-signal trap on its first line, the stop
+record/forward protocol, ``srun``, and its own exit code. Everything it decides
+is here, so each contract the ranks share (rank 0's address and port, the
+start's generation directory, the bad-node list, the event schema) has one
+implementation. Imports stay light (no torch, no pydantic): the script runs
+this a few times per start and once per stop signal.
+
+=========  ======================================================================
+start      record the start in submissions.jsonl, fit the placement's rank order to
+           the allocation (a requeue that excluded a bad node got other nodes), print
+           the generation directory and MASTER_ADDR / MASTER_PORT, one per line
+event      append one batch-shell event (``signal``) to events.jsonl
+backstop   stop the step as hung when no rank has beaten for ``--after-s`` seconds
+finish     the ranks' verdict over srun's exit code, then the requeue decision
+           (Slurm's own preemption, the restart budget); prints ``<exit code> <action>``
+requeue    ``scontrol requeue``, then keep the bad nodes out of the next start
+=========  ======================================================================
+
+What the submitit executor (``--executor submitit``) has and lacks next to this script, in one place:
+
+===============================================  ==========  ===============================================
+resilience feature                               submitit    with submitit instead
+===============================================  ==========  ===============================================
+rank order from the placement (hostfile)       yes         written once at submit
+rank order fitted to a requeue's allocation    no          the first submission's hostfile
+stop signal forwarded once every rank is armed no          submitit's signal reaches every rank directly
+requeue on the exit-code contract (85-87)      no          only submitit's own requeue after a checkpoint
+restart budget (``resilience.max_restarts``)   yes         submitit's ``max_num_timeout``
+Slurm's preemption requeued exactly once       no          not checked
+the ranks' verdict over srun's 143             no
+bad nodes kept out of the next start           no          ``--exclude`` at submit only
+hang backstop outside the ranks                no          the ranks' own watchdogs only
+``started`` lines in submissions.jsonl         no          reports use the ranks' ``start`` events
+hot spares (in-job supervisor)                 no          ``resources.spare_nodes`` is not allocated
+MASTER_PORT from the job id                    yes         ``launch.entry`` derives it the same way
+===============================================  ==========  ===============================================
+"""
+
+import argparse
+import contextlib
+import datetime
+import logging
+import os
+import re
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from air_hpc.errors import AirHpcError
+from air_hpc.exitcodes import REQUEUE_WORTHY, ExitCode
+from air_hpc.health.badnodes import read_bad_nodes
+from air_hpc.launch.rendezvous import master_port
+from air_hpc.records.events import EventLog
+from air_hpc.records.generation import generation, generation_dir, read_exit_code, write_exit_code
+from air_hpc.records.names import BEAT_GLOB
+from air_hpc.records.rundir import RunDir
+from air_hpc.records.submissions import record_start
+from air_hpc.slurm import hostlist
+from air_hpc.slurm.client import SlurmClient
+from air_hpc.slurm.env import JOB_NODELIST, SlurmEnv
+from air_hpc.slurm.jobs import parse_scontrol_job
+
+log = logging.getLogger(__name__)
+
+#: Slurm 24.05 and newer requeue a preempted job that ends within GraceTime themselves.
+SLURM_REQUEUES_PREEMPTED_FROM = (24, 5)
+#: After the backstop's SIGTERM, how long the step has before SIGKILL.
+BACKSTOP_KILL_AFTER_S = 30.0
+
+
+class BatchError(AirHpcError):
+    """The batch script's helper cannot do what the script asked (bad allocation, unreadable file)."""
+
+
+@dataclass(frozen=True)
+class JobStart:
+    """One start of the job, from Slurm's environment in the batch shell."""
+
+    job_id: str
+    restart_count: int
+    nodelist: str
+    """Slurm's expression of the allocation, as the ``started`` line records it."""
+    allocated: tuple[str, ...]
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> "JobStart":
+        slurm = SlurmEnv.from_environ(environ)
+        if slurm.job_id is None:
+            raise BatchError("SLURM_JOB_ID is not set: this helper runs inside the batch script")
+        expression = next((environ[var] for var in JOB_NODELIST if environ.get(var)), "")
+        return cls(slurm.job_id, slurm.restart_count, expression, slurm.nodelist)
+
+
+def say(message: str) -> None:
+    """One line for the job's stderr, as the script's own messages read."""
+    print(f"air-hpc: {message}", file=sys.stderr, flush=True)
+
+
+def fit_rank_order(rank_hosts: Sequence[str], allocated: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """Each placed host missing from the allocation moves, with all its ranks, to an allocated host no rank uses.
+
+    Every other rank keeps its place. Returns the rank order and missing -> new host.
+    """
+    present, placed = set(allocated), set(rank_hosts)
+    unused = [host for host in allocated if host not in placed]
+    moved: dict[str, str] = {}
+    for host in rank_hosts:
+        if host in present or host in moved:
+            continue
+        if not unused:
+            raise BatchError(f"{host} is not in this allocation and no allocated node is free to take its ranks")
+        moved[host] = unused.pop(0)
+    return [moved.get(host, host) for host in rank_hosts], moved
+
+
+def start(run_dir: RunDir, job: JobStart, environ: Mapping[str, str], hostfile: Path | None, master: bool) -> list[str]:
+    """Fit the rank order, record the start; the lines the script reads: generation dir (, master address, port)."""
+    allocated = job.allocated
+    first = allocated[0]
+    if hostfile is not None:
+        rank_hosts, moved = fit_rank_order(_lines(hostfile), allocated)
+        for missing, host in moved.items():
+            say(f"{missing} is not in this allocation; its ranks run on {host}")
+        hostfile.write_text("".join(f"{host}\n" for host in rank_hosts))
+        first = rank_hosts[0]
+    record_start(run_dir, job.job_id, job.restart_count, job.nodelist)
+    say(f"job {job.job_id} start {job.restart_count + 1} on {job.nodelist}")
+    lines = [str(generation_dir(run_dir, generation(environ)))]
+    return [*lines, first, str(master_port(int(job.job_id)))] if master else lines
+
+
+def emit(run_dir: RunDir, job: JobStart, kind: str, at_s: float | None = None, **fields: object) -> None:
+    """One event of the batch shell, beside the ranks' events."""
+    EventLog(run_dir.events).emit_at(
+        time.time() if at_s is None else at_s, kind, job_id=job.job_id, restart_count=job.restart_count, **fields
+    )
+
+
+def _lines(path: Path) -> list[str]:
+    return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """Slurm's own preemption (PreemptMode=REQUEUE) of this job, as ``scontrol show job`` tells it."""
+
+    grace_s: int
+    ended_after_s: int
+    requeue_by: str
+    """``slurm`` where Slurm requeues a job that ended within GraceTime itself (24.05+), else ``batch``."""
+
+    @property
+    def fit(self) -> bool:
+        return self.ended_after_s <= self.grace_s
+
+
+def preemption(fields: Mapping[str, str], version: tuple[int, int], now_s: float) -> Preemption | None:
+    """A PreemptTime on the job means Slurm preempted it; EndTime is the end of its GraceTime. Pure."""
+    preempt_at = _epoch(fields.get("PreemptTime", ""))
+    if preempt_at is None:
+        return None
+    end_at = _epoch(fields.get("EndTime", "")) or preempt_at
+    requeue_by = "slurm" if version >= SLURM_REQUEUES_PREEMPTED_FROM else "batch"
+    return Preemption(end_at - preempt_at, int(now_s) - preempt_at, requeue_by)
+
+
+def slurm_version(text: str) -> tuple[int, int]:
+    """``slurm 22.05.8`` -> (22, 5); (0, 0) when unreadable (treated as old)."""
+    match = re.search(r"([0-9]+)\.([0-9]+)", text)
+    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+
+
+def _epoch(text: str) -> int | None:
+    """Slurm's local ``2026-12-03T07:12:18`` as epoch seconds; None for ``None``/``Unknown``."""
+    try:
+        return int(datetime.datetime.fromisoformat(text).timestamp())
+    except ValueError:
+        return None
+
+
+def slurm_preemption(client: SlurmClient, job_id: str) -> Preemption | None:
+    """Asked once, as the job ends: no retries (an unanswered question means "not preempted")."""
+    shown = client.run(["scontrol", "--oneliner", "show", "job", job_id], check=False)
+    fields = parse_scontrol_job(shown.stdout) if shown.returncode == 0 else {}
+    if _epoch(fields.get("PreemptTime", "")) is None:
+        return None
+    version = client.run(["scontrol", "--version"], check=False).stdout
+    return preemption(fields, slurm_version(version), time.time())
+
+
+def finish(
+    run_dir: RunDir, start_dir: Path, job: JobStart, rc: int, max_restarts: int, client: SlurmClient
+) -> tuple[int, bool]:
+    """The job's exit code and whether to requeue it; says why on stderr and records the batch shell's events."""
+    verdict = read_exit_code(start_dir)
+    if rc != ExitCode.OK and verdict is not None:
+        # srun reports the signal it killed the other ranks with (143), not why the first one stopped.
+        say(f"step exited {rc}; the ranks' verdict is {verdict}")
+        rc = verdict
+    if rc == ExitCode.OK:
+        return rc, False
+    if rc == ExitCode.CRASH_LOOP:
+        say("restarts in a row made no progress (see the crash_loop event); not requeueing")
+        return rc, False
+    if rc not in REQUEUE_WORTHY:
+        say(f"step failed with exit code {rc}")
+        return rc, False
+    preempted = slurm_preemption(client, job.job_id)
+    if preempted is not None:
+        emit(
+            run_dir,
+            job,
+            "preempted",
+            grace_s=preempted.grace_s,
+            ended_after_s=preempted.ended_after_s,
+            fit=preempted.fit,
+            requeue_by=preempted.requeue_by,
+        )
+        say(f"step exited {rc} after Slurm preempted the job; requeue by {preempted.requeue_by}")
+        return rc, preempted.requeue_by == "batch"
+    if job.restart_count < max_restarts:
+        say(f"step exited {rc} (requeue-worthy); requeue {job.restart_count + 1} of {max_restarts}")
+        emit(run_dir, job, "requeue", exit_code=rc)
+        return rc, True
+    say(f"step exited {rc} but the restart budget ({max_restarts}) is spent")
+    return rc, False
+
+
+def requeue(run_dir: RunDir, job: JobStart, pinned: str | None, client: SlurmClient) -> None:
+    """Requeue, then keep the bad nodes out of the next start (Slurm takes ExcNodeList only from a pending job).
+
+    The bad nodes also leave a pinned node list; Slurm adds nodes for them.
+    """
+    client.scontrol_requeue(job.job_id)
+    bad = read_bad_nodes(run_dir.bad_nodes)
+    if not bad:
+        return
+    update = [f"ExcNodeList={','.join(bad)}"]
+    if pinned:
+        healthy = [host for host in hostlist.expand(pinned, "--pinned") if host not in set(bad)]
+        update.append(f"ReqNodeList={','.join(healthy)}")
+    say(f"the next start avoids bad node(s) {','.join(bad)}")
+    client.run(["scontrol", "update", f"jobid={job.job_id}", *update], retry=False)
+
+
+def backstop(start_dir: Path, step_pid: int, after_s: float, poll_s: float) -> None:
+    """Backstop to the ranks' own watchdogs: when no rank has beaten for ``after_s`` (every process frozen, or the
+    filesystem gone), record the start as hung and stop the step. Killed by the script once the step ends."""
+    try:
+        step = psutil.Process(step_pid)
+    except psutil.NoSuchProcess:
+        return
+    while True:
+        time.sleep(poll_s)
+        beats = [_mtime(path) for path in start_dir.glob(BEAT_GLOB)]
+        if not beats or max(beats) > time.time() - after_s:
+            continue
+        say(f"no rank made progress for {after_s:g} s; stopping the step as hung")
+        write_exit_code(start_dir, ExitCode.HUNG)
+        if step.is_running():  # the same process: psutil compares its start time
+            with contextlib.suppress(psutil.NoSuchProcess):
+                step.terminate()
+                try:
+                    step.wait(BACKSTOP_KILL_AFTER_S)
+                except psutil.TimeoutExpired:
+                    step.kill()
+        return
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:  # replaced between the glob and the stat: it just beat
+        return time.time()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m air_hpc.launch.batch", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    cmd = commands.add_parser("start")
+    cmd.add_argument("run_dir", type=Path)
+    cmd.add_argument("--hostfile", type=Path, help="the placement's rank order, one host per rank, fitted in place")
+    cmd.add_argument("--master", action="store_true", help="also print MASTER_ADDR and MASTER_PORT")
+    cmd = commands.add_parser("event")
+    cmd.add_argument("run_dir", type=Path)
+    cmd.add_argument("kind")
+    cmd.add_argument("--at", type=float, help="epoch seconds of the moment (default: now)")
+    cmd.add_argument("--field", action="append", default=[], metavar="NAME=VALUE", help="a text field of the event")
+    cmd = commands.add_parser("backstop")
+    cmd.add_argument("run_dir", type=Path)
+    cmd.add_argument("--step-pid", type=int, required=True)
+    cmd.add_argument("--after-s", type=float, required=True)
+    cmd.add_argument("--poll-s", type=float, required=True)
+    cmd = commands.add_parser("finish")
+    cmd.add_argument("run_dir", type=Path)
+    cmd.add_argument("exit_code", type=int)
+    cmd.add_argument("--max-restarts", type=int, required=True)
+    cmd = commands.add_parser("requeue")
+    cmd.add_argument("run_dir", type=Path)
+    cmd.add_argument("--pinned", help="the placement's pinned node list")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    env = dict(os.environ if environ is None else environ)
+    logging.basicConfig(level=logging.WARNING, format="air-hpc: %(levelname)s %(name)s: %(message)s")
+    try:
+        job = JobStart.from_env(env)
+        run_dir = RunDir(args.run_dir)
+        start_dir = generation_dir(run_dir, generation(env))
+        if args.command == "start":
+            print("\n".join(start(run_dir, job, env, args.hostfile, args.master)))
+        elif args.command == "event":
+            fields = dict(field.split("=", 1) for field in args.field)
+            emit(run_dir, job, args.kind, args.at, **fields)
+        elif args.command == "backstop":
+            backstop(start_dir, args.step_pid, args.after_s, args.poll_s)
+        elif args.command == "finish":
+            rc, requeue_it = finish(run_dir, start_dir, job, args.exit_code, args.max_restarts, SlurmClient(env))
+            print(rc, "requeue" if requeue_it else "none")
+        else:
+            requeue(run_dir, job, args.pinned, SlurmClient(env))
+    except (AirHpcError, OSError, KeyError, ValueError) as exc:
+        print(f"air-hpc: batch {args.command}: {exc}", file=sys.stderr)
+        return int(ExitCode.FAILURE)
+    return int(ExitCode.OK)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""The batch script's Python half: rank order fitting, Slurm preemption, the requeue decision, bad-node exclusion."""
+
+import datetime
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from air_hpc.exitcodes import REQUEUE_WORTHY, ExitCode
+from air_hpc.launch.batch import BatchError, JobStart, finish, fit_rank_order, preemption, requeue, slurm_version, start
+from air_hpc.launch.rendezvous import master_port
+from air_hpc.records.generation import write_exit_code
+from air_hpc.records.jsonl import read_jsonl
+from air_hpc.records.rundir import RunDir
+from air_hpc.slurm.fake import FakeJob, FakeSlurm
+from air_hpc.slurm.jobs import JobState
+
+JOB = JobStart("4242", 1, "n[7-8]", ("n7", "n8"))
+
+
+def test_a_missing_host_gives_its_ranks_to_an_unused_node_and_the_others_stay() -> None:
+    order, moved = fit_rank_order(["n1", "n1", "n2", "n2", "n3", "n3"], ["n1", "n3", "n9", "n4"])
+    assert order == ["n1", "n1", "n9", "n9", "n3", "n3"] and moved == {"n2": "n9"}
+    assert fit_rank_order(["n2", "n1"], ["n1", "n2"]) == (["n2", "n1"], {})
+    with pytest.raises(BatchError, match="n2 is not in this allocation"):
+        fit_rank_order(["n1", "n2"], ["n1"])
+
+
+def test_start_records_fits_and_names_rank_zero(tmp_path: Path) -> None:
+    run_dir = RunDir(tmp_path)
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("n2\nn2\nn7\nn7\n")
+    env = {"SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "1"}
+    lines = start(run_dir, JOB, env, hostfile, master=True)
+    assert lines == [str(tmp_path / "heartbeat" / "4242-1"), "n8", str(master_port(4242))]
+    assert hostfile.read_text() == "n8\nn8\nn7\nn7\n"
+    (row,) = read_jsonl(run_dir.submissions)
+    assert (row["kind"], row["job_id"], row["restart_count"], row["nodelist"]) == ("started", "4242", 1, "n[7-8]")
+    assert start(run_dir, JOB, env, None, master=False) == [str(tmp_path / "heartbeat" / "4242-1")]
+
+
+def test_preemption_from_scontrol_fields() -> None:
+    fields = {"PreemptTime": "2026-12-03T07:00:00", "EndTime": "2026-12-03T07:00:30"}
+    now = datetime.datetime.fromisoformat(fields["PreemptTime"]).timestamp()  # Slurm's times are local
+    fit = preemption(fields, (22, 5), now + 10)
+    late = preemption(fields, (24, 5), now + 40)
+    assert fit is not None and (fit.grace_s, fit.ended_after_s, fit.fit, fit.requeue_by) == (30, 10, True, "batch")
+    assert late is not None and (late.fit, late.requeue_by) == (False, "slurm")
+    assert preemption({"PreemptTime": "None", "EndTime": "2026-12-03T07:00:30"}, (25, 5), now) is None
+    assert slurm_version("slurm 23.11.10\n") == (23, 11) and slurm_version("") == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("code", "restarts", "verdict", "expected"),
+    [
+        (ExitCode.OK, 0, None, (ExitCode.OK, False)),
+        (ExitCode.FAILURE, 0, None, (ExitCode.FAILURE, False)),
+        (ExitCode.CRASH_LOOP, 0, None, (ExitCode.CRASH_LOOP, False)),
+        *[(code, 0, None, (code, True)) for code in sorted(REQUEUE_WORTHY)],
+        (ExitCode.REQUEUE, 3, None, (ExitCode.REQUEUE, False)),
+        (143, 0, ExitCode.HUNG, (ExitCode.HUNG, True)),
+        (ExitCode.OK, 0, ExitCode.HUNG, (ExitCode.OK, False)),
+    ],
+)
+def test_finish_decides_on_the_exit_code_contract(
+    tmp_path: Path, code: int, restarts: int, verdict: ExitCode | None, expected: tuple[int, bool]
+) -> None:
+    run_dir, start_dir = RunDir(tmp_path), tmp_path / "heartbeat" / "4242-0"
+    if verdict is not None:
+        write_exit_code(start_dir, verdict)
+    slurm = FakeSlurm()
+    assert finish(run_dir, start_dir, JobStart("4242", restarts, "n1", ("n1",)), code, 3, slurm) == expected
+    requeues = [e for e in read_jsonl(run_dir.events) if e["kind"] == "requeue"]
+    assert [e["exit_code"] for e in requeues] == ([expected[0]] if expected[1] else [])
+
+
+def test_requeue_keeps_bad_nodes_out_of_the_next_start(tmp_path: Path) -> None:
+    run_dir = RunDir(tmp_path)
+    run_dir.bad_nodes.write_text("n3  # hung: rank 5\n\n n1 # unhealthy\nn3\n")
+    slurm = FakeSlurm()
+    slurm.jobs["4242"] = FakeJob("4242", "run", 4, "", state=JobState.RUNNING)
+    requeue(run_dir, JobStart("4242", 0, "n[1-4]", ("n1", "n2", "n3", "n4")), "n[1-4]", slurm)
+    assert slurm.calls[-2] == ["scontrol", "requeue", "4242"]
+    assert slurm.calls[-1] == ["scontrol", "update", "jobid=4242", "ExcNodeList=n1,n3", "ReqNodeList=n2,n4"]
+
+
+def test_the_helper_imports_neither_torch_nor_pydantic() -> None:
+    code = "import sys, air_hpc.launch.batch; print(json.dumps(sorted({'torch', 'pydantic'} & set(sys.modules))))"
+    out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []
