@@ -79,13 +79,24 @@ def build(job: JobConfig, ctx: ParallelContext) -> Model:
 
     The caller seeds every rank alike first (:func:`air_hpc.train.parallel.seed`).
     """
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-    from megatron.core.transformer.module import Float16Module
+    from megatron.core.distributed import finalize_model_grads
 
     config = transformer_config(job)
+    chunks = _chunks(job, ctx, config)
+    config.finalize_model_grads_func = finalize_model_grads
+    config.no_sync_func = [c.no_sync for c in chunks] if len(chunks) > 1 else chunks[0].no_sync
+    optimizer, scheduler = _optimizer(job, ctx, config, chunks)
+    model = Model(chunks=chunks, optimizer=optimizer, scheduler=scheduler, config=config)
+    log.info("built %d chunk(s), %d parameters on this rank", len(chunks), model.num_parameters)
+    return model
+
+
+def _chunks(job: JobConfig, ctx: ParallelContext, config: Any) -> list[Any]:
+    """One DDP-wrapped GPTModel per virtual pipeline chunk of this rank, built in chunk order (the RNG's order)."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer.module import Float16Module
+
     spec = _layer_spec(job)
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
@@ -110,8 +121,13 @@ def build(job: JobConfig, ctx: ParallelContext) -> Model:
         if config.bf16:
             module = Float16Module(config, module)
         chunks.append(DistributedDataParallel(config=config, ddp_config=ddp_config, module=module))
-    config.finalize_model_grads_func = finalize_model_grads
-    config.no_sync_func = [c.no_sync for c in chunks] if len(chunks) > 1 else chunks[0].no_sync
+    return chunks
+
+
+def _optimizer(job: JobConfig, ctx: ParallelContext, config: Any, chunks: list[Any]) -> tuple[Any, Any]:
+    """Megatron's Adam over the chunks and its cosine schedule (warm-up, then decay to min_lr at the last step)."""
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     t = job.train
     optimizer = get_megatron_optimizer(
@@ -144,6 +160,4 @@ def build(job: JobConfig, ctx: ParallelContext) -> Model:
         wd_incr_steps=t.steps,
         wd_incr_style="constant",
     )
-    model = Model(chunks=chunks, optimizer=optimizer, scheduler=scheduler, config=config)
-    log.info("built %d chunk(s), %d parameters on this rank", len(chunks), model.num_parameters)
-    return model
+    return optimizer, scheduler
