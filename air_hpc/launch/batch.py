@@ -54,7 +54,7 @@ from pathlib import Path
 import psutil
 
 from air_hpc.errors import AirHpcError
-from air_hpc.exitcodes import REQUEUE_WORTHY, ExitCode
+from air_hpc.exitcodes import NEVER_REQUEUED, REQUEUE_WORTHY, ExitCode
 from air_hpc.health.badnodes import read_bad_nodes
 from air_hpc.launch.rendezvous import master_port
 from air_hpc.records.events import EventLog
@@ -209,9 +209,10 @@ def finish(
     if rc == ExitCode.CRASH_LOOP:
         say("restarts in a row made no progress (see the crash_loop event); not requeueing")
         return rc, False
-    if rc not in REQUEUE_WORTHY:
-        say(f"step failed with exit code {rc}")
+    if rc in NEVER_REQUEUED:
+        say(f"step failed with exit code {rc}; a requeue would fail the same way")
         return rc, False
+    crashed = rc not in REQUEUE_WORTHY  # a rank died or raised: resume from the newest checkpoint
     preempted = slurm_preemption(client, job.job_id)
     if preempted is not None:
         emit(
@@ -225,9 +226,10 @@ def finish(
         )
         say(f"step exited {rc} after Slurm preempted the job; requeue by {preempted.requeue_by}")
         return rc, preempted.requeue_by == "batch"
+    why = "crashed" if crashed else "requeue-worthy"
     if job.restart_count < max_restarts:
-        say(f"step exited {rc} (requeue-worthy); requeue {job.restart_count + 1} of {max_restarts}")
-        emit(run_dir, job, "requeue", exit_code=rc)
+        say(f"step exited {rc} ({why}); requeue {job.restart_count + 1} of {max_restarts}")
+        emit(run_dir, job, "requeue", exit_code=rc, reason=why)
         return rc, True
     say(f"step exited {rc} but the restart budget ({max_restarts}) is spent")
     return rc, False

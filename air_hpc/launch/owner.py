@@ -24,6 +24,7 @@ from typing import Protocol
 
 from air_hpc.digits import ascii_int
 from air_hpc.errors import AirHpcError, UserError
+from air_hpc.exitcodes import ExitCode
 from air_hpc.launch.local_job import ProcessIdentity
 from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.env import SlurmEnv
@@ -36,7 +37,9 @@ class RunBusyError(UserError):
 
 
 class NotOwnerError(AirHpcError):
-    """This job is not the run directory's owner: its ranks must not write there."""
+    """This job is not the run directory's owner: its ranks must not write there (nor is it requeued)."""
+
+    exit_code = ExitCode.USAGE
 
 
 @dataclass(frozen=True)

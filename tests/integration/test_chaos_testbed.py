@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from air_hpc.records.events import read_events
 from air_hpc.train import data
 from tests.unit.test_cli import run_main
 
@@ -20,10 +21,10 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_a_preemption_and_a_hang_lose_nothing(testbed: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def overrides_for(tmp_path: Path) -> list[str]:
     corpus = tmp_path / "corpus.h5"
     data.prepare(data.project_sources(), corpus, data.ByteTokenizer())
-    overrides = [
+    return [
         f"run.root={tmp_path / 'runs'}",
         f"data.path={corpus}",
         "train.steps=10",
@@ -35,6 +36,10 @@ def test_a_preemption_and_a_hang_lose_nothing(testbed: Any, tmp_path: Path, caps
         "health.heartbeat_checkpoint_s=20",
         "checkpoint.async_wait_s=10",
     ]
+
+
+def test_a_preemption_and_a_hang_lose_nothing(testbed: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    overrides = overrides_for(tmp_path)
     args = ["chaos", str(REPO / "configs/jobs/gpt-tiny-testbed.yaml"), "--faults", "preempt,hang", "--count", "2"]
     args += ["--seed", "1", "--state-dir", str(testbed.state_dir), "--json", "--timeout-s", "400"]
     code, out, err = run_main([*args, *(a for o in overrides for a in ("--set", o))], capsys)
@@ -50,3 +55,20 @@ def test_a_preemption_and_a_hang_lose_nothing(testbed: Any, tmp_path: Path, caps
     preempt = next(f for f in faults if f["kind"] == "preempt")
     assert preempt["steps_lost"] == 0  # the preemption saved at the step it stopped at
     assert 0 < result["goodput"] < result["reference_goodput"] <= 1
+
+
+def test_a_killed_rank_without_spares_resumes_from_its_checkpoint(
+    testbed: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIGKILL, no warning, no save: the crashed step is requeued and resumes from the newest checkpoint."""
+    args = ["chaos", str(REPO / "configs/jobs/gpt-tiny-testbed.yaml"), "--faults", "rank-kill", "--count", "1"]
+    args += ["--seed", "3", "--state-dir", str(testbed.state_dir), "--json", "--timeout-s", "400"]
+    code, out, err = run_main([*args, *(a for o in overrides_for(tmp_path) for a in ("--set", o))], capsys)
+    result = json.loads(out)
+    assert code == 0, (out, err)
+    assert result["nothing_lost"] and result["final_state"] == "COMPLETED"
+    assert result["losses_equal"] and result["weights_equal"]
+    (fault,) = result["faults"]
+    assert fault["kind"] == "rank-kill" and fault["resumed_from_step"] is not None
+    requeues = [e for e in read_events(Path(result["run_dir"]) / "events.jsonl") if e["kind"] == "requeue"]
+    assert [e["reason"] for e in requeues] == ["crashed"]

@@ -56,7 +56,13 @@ def test_preemption_from_scontrol_fields() -> None:
     ("code", "restarts", "verdict", "expected"),
     [
         (ExitCode.OK, 0, None, (ExitCode.OK, False)),
-        (ExitCode.FAILURE, 0, None, (ExitCode.FAILURE, False)),
+        # A crash (an exception, a rank killed by a signal) resumes from the newest checkpoint, within the budget.
+        (ExitCode.FAILURE, 0, None, (ExitCode.FAILURE, True)),
+        (137, 1, None, (137, True)),
+        (ExitCode.FAILURE, 3, None, (ExitCode.FAILURE, False)),
+        # What a requeue cannot change.
+        (ExitCode.USAGE, 0, None, (ExitCode.USAGE, False)),
+        (ExitCode.UNREACHABLE, 0, None, (ExitCode.UNREACHABLE, False)),
         (ExitCode.CRASH_LOOP, 0, None, (ExitCode.CRASH_LOOP, False)),
         *[(code, 0, None, (code, True)) for code in sorted(REQUEUE_WORTHY)],
         (ExitCode.REQUEUE, 3, None, (ExitCode.REQUEUE, False)),
@@ -74,6 +80,8 @@ def test_finish_decides_on_the_exit_code_contract(
     assert finish(run_dir, start_dir, JobStart("4242", restarts, "n1", ("n1",)), code, 3, slurm) == expected
     requeues = [e for e in read_jsonl(run_dir.events) if e["kind"] == "requeue"]
     assert [e["exit_code"] for e in requeues] == ([expected[0]] if expected[1] else [])
+    crashed = expected[0] not in REQUEUE_WORTHY
+    assert [e["reason"] for e in requeues] == (["crashed" if crashed else "requeue-worthy"] if expected[1] else [])
 
 
 def test_requeue_keeps_bad_nodes_out_of_the_next_start(tmp_path: Path) -> None:

@@ -80,8 +80,10 @@ def requeued(tmp_path: Path) -> list[str]:
     ("code", "restarts", "expect_requeue"),
     [
         (ExitCode.OK, None, False),
-        (ExitCode.FAILURE, None, False),
+        (ExitCode.FAILURE, None, True),  # a crash resumes from the newest checkpoint
+        (137, 3, False),  # ... within the restart budget
         (ExitCode.USAGE, 0, False),
+        (ExitCode.UNREACHABLE, 0, False),
         (ExitCode.CRASH_LOOP, None, False),
         *[(c, None, True) for c in sorted(REQUEUE_WORTHY)],
         (ExitCode.REQUEUE, 2, True),
