@@ -47,6 +47,7 @@ VARIANTS: dict[str, tuple[list[str], NodeRequest]] = {
             "cluster.qos=high",
             "cluster.exclusive=true",
             "container.image=nvcr.io/nvidia/pytorch:25.01-py3",
+            "cluster.python=/shared/air-hpc/bin/python",  # the host's, beside the batch shell (else this one's)
             "env.NCCL_DEBUG=WARN",
         ],
         NodeRequest(nodelist="gpu[07-08]", rank_hosts=("gpu08",) * 8 + ("gpu07",) * 8, exclude="gpu03"),
