@@ -1,10 +1,17 @@
 """Fixtures shared by unit and integration tests."""
 
+import signal
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Run as a background job of a script, the suite starts with SIGINT ignored, and so would every process
+# it starts (a Ctrl-C to `air-hpc metrics --serve` would do nothing). The tests that need an ignored
+# SIGINT ask for it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

@@ -157,6 +157,19 @@ def cancel_local(record: SubmissionRecord) -> bool:
     except psutil.Error:
         targets = [proc]
     for target in targets:
-        log.info("cancel: SIGINT to local controller %d (%s)", target.pid, " ".join(target.cmdline()))
-        target.send_signal(signal.SIGINT)
+        # Started where SIGINT was ignored (nohup, a background job of a script), it would ignore this one too;
+        # the controller forwards SIGTERM to its tasks instead.
+        signum = signal.SIGTERM if ignores(target.pid, signal.SIGINT) else signal.SIGINT
+        log.info("cancel: %s to local controller %d (%s)", signum.name, target.pid, " ".join(target.cmdline()))
+        target.send_signal(signum)
     return True
+
+
+def ignores(pid: int, signum: signal.Signals) -> bool:
+    """Whether process ``pid`` ignores ``signum`` (the SigIgn mask of /proc/PID/status); False when unknown."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            mask = next((line.split()[1] for line in status if line.startswith("SigIgn:")), "0")
+    except OSError:
+        return False
+    return bool(int(mask, 16) >> (signum - 1) & 1)

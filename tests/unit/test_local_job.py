@@ -15,7 +15,7 @@ import pytest
 
 from air_hpc.cli.main import main
 from air_hpc.launch.control import cancel_run, run_status
-from air_hpc.launch.local_job import ProcessIdentity
+from air_hpc.launch.local_job import ProcessIdentity, ignores
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import record_exit, record_submission
 from air_hpc.resilience.store import CheckpointStore
@@ -160,14 +160,34 @@ def test_a_pid_without_start_time_is_never_signalled(
     assert code == 2 and err.count("\n") == 1 and "cannot be proven" in err
 
 
-def test_the_proven_controller_is_running_then_cancelled(tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+@pytest.mark.parametrize(
+    ("sigint", "ended_by"),
+    [(signal.SIG_DFL, {-signal.SIGINT, 1}), (signal.SIG_IGN, {-signal.SIGTERM})],
+    ids=["sigint-default", "sigint-ignored"],
+)
+def test_the_proven_controller_is_running_then_cancelled(
+    tmp_path: Path, sigint: signal.Handlers, ended_by: set[int]
+) -> None:
+    """SIGINT stops the controller; one started where SIGINT is ignored (nohup, a script's ``&``) gets SIGTERM."""
+    code = "import time; open('ready', 'w').close(); time.sleep(60)"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=tmp_path, preexec_fn=lambda: signal.signal(signal.SIGINT, sigint)
+    )
     try:
+        wait_for_file(tmp_path / "ready")
+        assert ignores(proc.pid, signal.SIGINT) is (sigint == signal.SIG_IGN)
         run_dir = local_run(tmp_path, proc.pid, ProcessIdentity.of(proc.pid).started_s)
         assert run_status(run_dir, FakeSlurm()).job.state is JobState.RUNNING
         cancel_run(run_dir, FakeSlurm())
-        assert proc.wait(timeout=10) == -signal.SIGINT or proc.returncode == 1, "SIGINT ends the process"
+        assert proc.wait(timeout=10) in ended_by
         assert run_status(run_dir, FakeSlurm()).job.state is JobState.CANCELLED
     finally:
         proc.kill()
         proc.wait()
+
+
+def wait_for_file(path: Path, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.05)
