@@ -12,6 +12,10 @@ class AirHpcError(Exception):
 
     exit_code: int = ExitCode.FAILURE
 
+    def error_lines(self) -> str:
+        """``error: `` before each line (a config error names every broken rule on a line of its own)."""
+        return "\n".join(f"error: {line}" for line in str(self).splitlines())
+
 
 class UserError(AirHpcError):
     """A mistake in what the user gave us: config, arguments, input files."""

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> Any:
     try:
         return cli.main(args=argv, prog_name="air-hpc", standalone_mode=False)
     except AirHpcError as exc:
-        _fail("\n".join(f"error: {line}" for line in str(exc).splitlines()), int(exc.exit_code))
+        _fail(exc.error_lines(), int(exc.exit_code))
     except click.exceptions.Abort:
         _fail("aborted", 130)
     except click.exceptions.Exit as exc:

@@ -24,7 +24,7 @@ def main(argv: list[str]) -> int:
     try:
         summary = TrainingEntry(Path(argv[0]))()
     except AirHpcError as exc:
-        print("\n".join(f"error: {line}" for line in str(exc).splitlines()), file=sys.stderr)
+        print(exc.error_lines(), file=sys.stderr)
         return int(exc.exit_code)
     return int(summary.exit_code)
 
