@@ -3,7 +3,7 @@
 It lives beside the testbed as one more Slurm daemon air-hpc starts on this host: its slurm.conf
 comes from the same writer (:func:`air_hpc.testbed.conf.cloud_slurm_conf`) and its ports from the
 same picker (:func:`air_hpc.testbed.ports.free_ports`). The topology integration tests and
-``scripts/bench/select.py`` use it; the library itself never starts it.
+``scripts/bench/placement.py`` use it; the library itself never starts it.
 
 Power-saved cloud nodes (``State=CLOUD`` with ``SuspendProgram``/``ResumeProgram``
 set to ``/bin/true``) are allocatable without any slurmd, so one controller on

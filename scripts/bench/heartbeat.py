@@ -7,21 +7,15 @@ in the same run on the same file system), as ratios. Usage:
 ``scripts/bench/heartbeat.py [--dir DIR] [--calls 5000] [--interval-s 1.5]``.
 """
 
-import os
-import sys
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
 
-# This directory holds select.py, which would shadow the standard library's select module.
-sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != os.path.dirname(os.path.realpath(__file__))]
-
-import argparse  # noqa: E402
-import statistics  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from air_hpc.health.heartbeat import Heartbeat  # noqa: E402
-from air_hpc.train.metrics import MetricsWriter, StepMetrics  # noqa: E402
+from air_hpc.health.heartbeat import Heartbeat
+from air_hpc.train.metrics import MetricsWriter, StepMetrics
 
 
 def per_call_us(call: Callable[[int], None], calls: int, repeats: int = 5) -> float:

@@ -14,14 +14,6 @@
     python scripts/bench/train.py [--steps 40] [--job configs/jobs/gpt-tiny-local.yaml]
 """
 
-# ruff: noqa: E402
-import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[2]
-# This directory also holds select.py, which would shadow the standard library's select module.
-sys.path[:] = [str(REPO), *(p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent)]
-
 import argparse
 import itertools
 import json
@@ -31,11 +23,14 @@ import socket
 import statistics
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from air_hpc.config.load import load_job
 from air_hpc.config.models import JobConfig
 from air_hpc.train import data
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def bare_megatron(job: JobConfig, pp_first: bool, pp_last: bool) -> Any:

@@ -31,7 +31,7 @@ switch. Per case: blocks spanned, wholly free blocks broken, and whether Slurm's
 rules accept the set; the targets are every selection valid and never more
 blocks than Slurm's own choice.
 
-Run: ``.venv/bin/python scripts/bench/select.py`` (a few minutes), ``--quick`` for
+Run: ``.venv/bin/python scripts/bench/placement.py`` (a few minutes), ``--quick`` for
 a smoke run, ``--no-slurm`` without the real controller, ``--blocks-only`` for the
 block scenarios alone.
 """
@@ -399,7 +399,7 @@ def placement_report(seed: int) -> bool:
 def exact_tree_key(fabric: Fabric, available: set[str], count: int) -> tuple[int, int, int]:
     """(height, spines, leaves) of the best possible selection, by a plain dictionary knapsack.
 
-    Written independently of ``select.py``: per candidate top switch, leaves are
+    Written independently of ``air_hpc/topology/select.py``: per candidate top switch, leaves are
     grouped by their parent (spine); a spine giving ``g`` leaves gives at most its
     ``g`` fullest; states (spines, leaves) keep the most free nodes reachable.
     """
