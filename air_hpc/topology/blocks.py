@@ -33,6 +33,7 @@ from functools import cached_property
 from types import MappingProxyType
 
 from air_hpc.errors import TopologyError
+from air_hpc.topology.fabric import Fabric, SwitchSpec, build_fabric
 from air_hpc.topology.treeconf import BlockTopology
 
 #: levels Slurm enables when topology.conf has no BlockSizes= (base x 1, 2, 4, 8)
@@ -147,3 +148,28 @@ def violation(model: BlockModel, nodes: Collection[str], segment: int | None = N
             f"{model.base_size << shape.lower_level} nodes, this set touches {lower}"
         )
     return None
+
+
+def aggregate_fabric(topology: BlockTopology) -> Fabric:
+    """Blocks as leaves under one switch per aligned aggregate (level k over 2^k adjacent blocks).
+
+    Nearness in this fabric is Slurm's: nodes of two blocks meet at the level of
+    the smallest aggregate holding both, so tree choices made on it (the hot
+    spare nearest a failed node) follow the block layout.
+    """
+    blocks = topology.blocks
+    names = [b.name for b in blocks]
+
+    def name(level: int, index: int) -> str:
+        if level == 0:
+            return names[index]
+        first, last = index << level, min(len(names), (index + 1) << level) - 1
+        return f"level{level}:{names[first]}..{names[last]}"
+
+    specs = [SwitchSpec(name=b.name, nodes=b.nodes, comment=b.comment) for b in blocks]
+    for level in range(1, BlockModel(topology).top_level + 1):
+        for index in range(((len(names) - 1) >> level) + 1):
+            below = (2 * index, 2 * index + 1)
+            children = tuple(name(level - 1, c) for c in below if c << (level - 1) < len(names))
+            specs.append(SwitchSpec(name=name(level, index), children=children))
+    return build_fabric(specs, topology.source or "block topology")

@@ -1,6 +1,7 @@
 """Read whichever topology file a cluster has: topology.conf (tree or block) or topology.yaml."""
 
 from air_hpc.topology import topoyaml, treeconf
+from air_hpc.topology.blocks import aggregate_fabric
 from air_hpc.topology.fabric import Fabric
 from air_hpc.topology.treeconf import BlockTopology
 
@@ -18,3 +19,12 @@ def read_any(text: str, source_name: str) -> Fabric:
     """Any topology file as a fabric (blocks as leaves under one switch), for display."""
     topology = read_topology(text, source_name)
     return topology.to_fabric() if isinstance(topology, BlockTopology) else topology
+
+
+def read_nearness(text: str, source_name: str) -> Fabric:
+    """Any topology file as a fabric whose switch levels are the scheduler's distances (blocks under their aggregates).
+
+    For choices by nearness, such as which hot spare replaces a failed node.
+    """
+    topology = read_topology(text, source_name)
+    return aggregate_fabric(topology) if isinstance(topology, BlockTopology) else topology

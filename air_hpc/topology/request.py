@@ -14,6 +14,7 @@ from air_hpc.config.models import JobConfig
 from air_hpc.errors import ConfigError, TopologyError
 from air_hpc.slurm import hostlist as hostlists
 from air_hpc.topology.block_select import select_blocks
+from air_hpc.topology.block_spares import SparedSelection, select_with_spares
 from air_hpc.topology.blocks import BlockModel
 from air_hpc.topology.fabric import Fabric
 from air_hpc.topology.place import place, place_selection
@@ -73,12 +74,7 @@ def request_nodes(
     as free); ``source`` names the topology file in messages.
     """
     if isinstance(topology, BlockTopology):
-        if job.resources.spare_nodes:
-            raise ConfigError(
-                f"resources.spare_nodes: hot spares need a tree topology_file; {source} is a topology/block file "
-                "(set resources.spare_nodes: 0, or placement.topology_aware: false)"
-            )
-        return _block_request(job, topology, available, set(bad))
+        return _block_request(job, topology, source, available, set(bad))
     return _tree_request(job, topology, source, available, set(bad))
 
 
@@ -124,34 +120,39 @@ def _tree_request(
 
 
 def _block_request(
-    job: JobConfig, topology: BlockTopology, available: Set[str] | None, bad: set[str]
+    job: JobConfig, topology: BlockTopology, source: str, available: Set[str] | None, bad: set[str]
 ) -> tuple[NodeRequest, Notes]:
     """Under topology/block: a set Slurm accepts, ``--segment`` (no ``--switches``), TP groups inside one block.
 
     The segment defaults to the nodes of one TP group, so every block holds whole
     TP groups and the NVLink domain map can keep each group inside its domain.
+    Hot spares join the request under the same rules (:mod:`~air_hpc.topology.block_spares`).
     """
     exclude = _exclude(bad)
     model = BlockModel(topology)
     segment = job.placement.segment or _tp_nodes(job)
+    check_block_spares(job, model, segment, source)
     everything = set(model.block_of) - bad
     candidates = everything if available is None else set(available) - bad
-    nodes = job.resources.nodes
     try:
-        selection = select_blocks(model, candidates, nodes, segment)
+        picked = _choose_blocks(job, model, candidates, segment)
     except TopologyError as exc:
         if candidates == everything:
             raise
-        waiting = select_blocks(model, everything, nodes, segment)
+        waiting = _choose_blocks(job, model, everything, segment)
         return NodeRequest(segment=waiting.segment, exclude=exclude), (
             f"not enough free nodes now ({exc}); letting Slurm place the job under its block rules",
         )
+    selection = picked.selection
     notes = [
         f"selected {selection.nodelist} in {len(selection.blocks)} block(s) ({','.join(selection.blocks)}) "
         f"inside an aggregate of {selection.aggregate_nodes} nodes"
     ]
+    if picked.spares:
+        where = ",".join(model.names[i] for i in sorted({model.block_of[n] for n in picked.spares}))
+        notes.append(f"hot spare(s) {hostlists.compress(picked.spares)} in block(s) {where}")
     if not job.placement.pin_nodes:
-        return NodeRequest(segment=selection.segment, exclude=exclude), (
+        return NodeRequest(segment=picked.segment, exclude=exclude), (
             *notes,
             "not pinned: Slurm places the job under its block rules",
         )
@@ -167,9 +168,44 @@ def _block_request(
     if placement.fallback:
         notes.append(f"rank order: block order ({placement.fallback})")
     request = NodeRequest(
-        nodelist=selection.nodelist, segment=selection.segment, rank_hosts=placement.ranks, exclude=exclude
+        nodelist=picked.nodelist,
+        segment=picked.segment,
+        rank_hosts=placement.ranks,
+        exclude=exclude,
+        spares=picked.spares,
     )
     return request, tuple(notes)
+
+
+def _choose_blocks(job: JobConfig, model: BlockModel, available: Set[str], segment: int | None) -> SparedSelection:
+    res = job.resources
+    if res.spare_nodes:
+        return select_with_spares(model, available, res.nodes, res.spare_nodes, segment)
+    selection = select_blocks(model, available, res.nodes, segment)
+    return SparedSelection(selection, (), selection.segment)
+
+
+def check_block_spares(job: JobConfig, model: BlockModel, segment: int | None, source: str) -> None:
+    """Spares the block layout can never hold (all nodes free) are a bad config, not a wait.
+
+    Only the spares are blamed: when the job alone does not fit, selection says why.
+    """
+    res = job.resources
+    if not res.spare_nodes:
+        return
+    check_cluster_size(job, len(model.block_of), f"cluster.topology_file {source}")
+    every = set(model.block_of)
+    try:
+        select_blocks(model, every, res.nodes, segment)
+    except TopologyError:
+        return
+    try:
+        select_with_spares(model, every, res.nodes, res.spare_nodes, segment)
+    except TopologyError as exc:
+        raise ConfigError(
+            f"resources.spare_nodes: {res.spare_nodes} spare(s) beside {res.nodes} node(s) do not fit the block "
+            f"layout of {source}: {str(exc).removeprefix(f'{model.topology.source}: ')}"
+        ) from None
 
 
 def _tp_nodes(job: JobConfig) -> int | None:

@@ -262,15 +262,6 @@ def test_a_supervisor_of_a_job_that_does_not_own_the_run_starts_nothing(
     assert not log.exists() and not run_dir.events.exists()
 
 
-def test_spares_on_a_block_topology_are_one_line_exit_2(tmp_path: Path, small_corpus: Path) -> None:
-    blocks = tmp_path / "topology.conf"
-    blocks.write_text("BlockName=b1 Nodes=n[1-4]\nBlockName=b2 Nodes=n[5-8]\nBlockSizes=4,8\n")
-    job = job_in(tmp_path, small_corpus, f"cluster.topology_file={blocks}", "resources.spare_nodes=1")
-    with pytest.raises(ConfigError, match=r"^resources\.spare_nodes: hot spares need a tree topology_file") as info:
-        plan(job)
-    assert info.value.exit_code == ExitCode.USAGE
-
-
 def test_a_stop_recorded_before_the_supervisor_was_armed_requeues_without_a_step(
     tmp_path: Path, small_corpus: Path
 ) -> None:
