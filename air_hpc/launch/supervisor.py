@@ -58,7 +58,7 @@ from air_hpc.slurm import env as slurm_env
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.env import SlurmEnv
 from air_hpc.slurm.hostlist import compress
-from air_hpc.topology import treeconf
+from air_hpc.topology import files
 from air_hpc.topology.fabric import Fabric
 from air_hpc.topology.select import pick_spare
 
@@ -415,12 +415,16 @@ def _die_with_parent() -> None:
 
 
 def load_fabric(job: JobConfig) -> Fabric | None:
-    """The cluster's fabric for topology-aware spare choice, or None (then spares are taken in order)."""
+    """The cluster's fabric for topology-aware spare choice, or None (then spares are taken in order).
+
+    A topology/block file gives its blocks under Slurm's aggregates: the spare in
+    the failed node's block (its NVLink domain) first, then the nearest block's.
+    """
     topo = job.cluster.topology_file
     if topo is None:
         return None
     try:
-        return treeconf.parse(topo.read_text(), str(topo))
+        return files.read_nearness(topo.read_text(), str(topo))
     except (OSError, TopologyError) as exc:
         log.warning("topology %s unusable (%s); choosing spares in allocation order", topo, exc)
         return None

@@ -7,6 +7,8 @@ themselves are checked against a real 25.05 controller in
 :func:`~air_hpc.topology.blocks.violation`, the same rules.
 """
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,12 @@ from air_hpc.cli.main import cli
 from air_hpc.config import load_job
 from air_hpc.errors import ConfigError, TopologyError
 from air_hpc.exitcodes import ExitCode
+from air_hpc.health.badnodes import read_bad_nodes
 from air_hpc.launch.submit import plan
+from air_hpc.launch.supervisor import Supervisor, load_fabric, replace_nodes
+from air_hpc.records.events import read_events
+from air_hpc.records.rundir import RunDir
+from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.fake import FakeSlurm
 from air_hpc.topology import treeconf
 from air_hpc.topology.block_spares import nearest_spares, select_with_spares
@@ -197,3 +204,49 @@ def test_more_spares_than_the_blocks_hold_is_a_config_error(tmp_path: Path, smal
     job = job_in(tmp_path, small_corpus, f"cluster.topology_file={topo}", "resources.spare_nodes=7")
     with pytest.raises(ConfigError, match=r"^resources\.spare_nodes: 2 node\(s\) \+ 7 spare\(s\) exceed the 8 node"):
         plan(job)
+
+
+# ---- the supervisor -------------------------------------------------------------------------------
+
+FAKE_SRUN = """
+import os, sys
+attempt = int(os.environ["AIR_HPC_STEP_ATTEMPT"])
+hosts = open(os.environ["SLURM_HOSTFILE"]).read().split()
+with open(os.environ["LOG"], "a") as log:
+    log.write(" ".join(hosts) + "\\n")
+if attempt == 0:
+    print(f"srun: error: {hosts[0]}: task 0: Killed", file=sys.stderr, flush=True)
+    sys.exit(137)
+"""
+
+
+def test_the_supervisor_replaces_a_dead_node_with_the_spare_in_its_block(tmp_path: Path, small_corpus: Path) -> None:
+    topo = block_file(tmp_path, "BlockName=b1 Nodes=n[1-4]\nBlockName=b2 Nodes=n[5-8]\nBlockSizes=4,8\n")
+    overrides = (f"cluster.topology_file={topo}", "resources.spare_nodes=2", "health.preflight=false")
+    job = job_in(tmp_path, small_corpus, *overrides)
+    run_dir = RunDir.of(job)
+    run_dir.path.mkdir(parents=True)
+    run_dir.write_job(job)
+    srun = tmp_path / "srun.py"
+    srun.write_text(FAKE_SRUN)
+    hostfile = run_dir.path / "hostfile"
+    hostfile.write_text("n5\nn5\nn6\nn6\n")
+    log = tmp_path / "srun.log"
+    environ = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[4-7]", "SLURM_HOSTFILE": str(hostfile)}
+    environ["LOG"] = str(log)
+    fabric = load_fabric(job)
+    assert fabric is not None and fabric.leaf_of["n6"] == "b2"
+    probed: list[tuple[str, ...]] = []
+
+    def probe(hosts):
+        probed.append(tuple(hosts))
+        return ("n6",)  # n6 died; n5's rank only failed first
+
+    sup = Supervisor(job, run_dir, [sys.executable, str(srun)], environ, SlurmClient(), fabric, probe)
+    assert sup.run() == ExitCode.OK
+    assert probed and log.read_text().splitlines() == ["n5 n5 n6 n6", "n5 n5 n7 n7"]  # n7: b2, like n6
+    assert read_bad_nodes(run_dir.bad_nodes) == ("n6",)
+    restarts = [e for e in read_events(run_dir.events) if e["kind"] == "in_job_restart"]
+    assert [e["replaced"] for e in restarts] == [{"n6": "n7"}] and restarts[0]["spares_left"] == ["n4"]
+    # Allocation order alone would have taken n4, in the other block.
+    assert replace_nodes(("n5", "n6"), ["n6"], ["n4", "n7"], None)[2] == {"n6": "n4"}
