@@ -16,9 +16,10 @@ stays on NVLink), spread over the job's blocks so each gets one while there
 are spares to give; then in the nearest block (the smallest aggregate it
 shares with the job), partly used blocks before wholly free ones (those are
 what the next job asking for a full domain needs). When that set breaks the
-aggregate rules, the job and its spares are chosen together
-(:func:`~air_hpc.topology.block_select.select_blocks` on N+K nodes) and the
-job takes the fewest blocks among them.
+aggregate rules, the aggregate that holds N+K nodes best
+(:func:`~air_hpc.topology.block_select.select_blocks`) is chosen first and the
+job and its spares are placed inside it the same way; failing that, the job
+takes the fewest blocks among those N+K nodes and the rest are spares.
 """
 
 from collections.abc import Sequence, Set
@@ -67,6 +68,12 @@ def select_with_spares(
     if near is not None:
         return SparedSelection(job, near, seg)
     group = select_blocks(model, available, count + spares, segment)
+    members = set(group.aggregate)
+    inside = {n for b in model.topology.blocks if b.name in members for n in b.nodes if n in available}
+    job = select_blocks(model, inside, count, segment)
+    near = nearest_spares(model, job.nodes, inside, spares, seg)
+    if near is not None:
+        return SparedSelection(job, near, seg)
     job = select_blocks(model, set(group.nodes), count, segment)
     rest = tuple(n for n in group.nodes if n not in set(job.nodes))
     return SparedSelection(job, _file_order(model, rest), seg)

@@ -7,11 +7,14 @@ themselves are checked against a real 25.05 controller in
 :func:`~air_hpc.topology.blocks.violation`, the same rules.
 """
 
+import itertools
 import os
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from air_hpc.cli.main import cli
 from air_hpc.config import load_job
@@ -25,7 +28,7 @@ from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.fake import FakeSlurm
 from air_hpc.topology import treeconf
-from air_hpc.topology.block_spares import nearest_spares, select_with_spares
+from air_hpc.topology.block_spares import nearest_spares, select_with_spares, spare_segment
 from air_hpc.topology.blocks import BlockModel, aggregate_fabric, violation
 from air_hpc.topology.select import pick_spare
 
@@ -117,6 +120,14 @@ def test_the_job_moves_with_its_spares_when_they_cannot_sit_beside_it() -> None:
     picked = select_with_spares(m, every(m) - busy, 3, 2)
     check(m, picked, 3, 2)
     assert picked.selection.nodes == gb(9, 10, 11) and picked.spares == gb(12, 13)
+
+
+def test_in_the_aggregate_they_move_to_the_spares_sit_in_the_jobs_block_first() -> None:
+    m = model_of([2, 2, 2, 2], (2, 4))
+    # The job alone would take gb004 (b02's last free node); b02 and b01 have no room for spares beside it.
+    picked = select_with_spares(m, set(gb(4, 5, 6, 7, 8)), 1, 2)
+    check(m, picked, 1, 2)
+    assert picked.selection.nodes == gb(5) and picked.spares == gb(6, 7)
 
 
 def test_spares_that_break_the_segment_are_refused() -> None:
@@ -250,3 +261,57 @@ def test_the_supervisor_replaces_a_dead_node_with_the_spare_in_its_block(tmp_pat
     assert [e["replaced"] for e in restarts] == [{"n6": "n7"}] and restarts[0]["spares_left"] == ["n4"]
     # Allocation order alone would have taken n4, in the other block.
     assert replace_nodes(("n5", "n6"), ["n6"], ["n4", "n7"], None)[2] == {"n6": "n4"}
+
+
+# ---- property test against brute force ------------------------------------------------------------
+
+
+@st.composite
+def spare_case(draw: st.DrawFn) -> tuple[BlockModel, set[str], int, int, int | None]:
+    base = draw(st.integers(1, 3))
+    count_blocks = draw(st.integers(1, 4))
+    extra = draw(st.lists(st.integers(0, 1), min_size=count_blocks, max_size=count_blocks))
+    top = (count_blocks - 1).bit_length()
+    levels = draw(st.sets(st.integers(1, top + 1), max_size=top + 1)) if top else set()
+    sizes = () if draw(st.booleans()) and not levels else tuple(base << k for k in sorted({0, *levels}))
+    m = model_of([base, *(base + e for e in extra[1:])], sizes)
+    nodes = sorted(m.block_of)
+    available = {n for n in nodes if draw(st.integers(0, 3))} or {nodes[0]}
+    count = draw(st.integers(1, max(1, len(available) - 1)))
+    spares = draw(st.integers(1, 3))
+    segment = draw(st.one_of(st.none(), st.integers(1, base)))
+    return m, available, count, spares, segment
+
+
+def valid_pairs(m: BlockModel, available: set[str], count: int, spares: int, segment: int | None):
+    """Every (job, spares) split Slurm accepts whose job alone Slurm would accept too (what selection promises)."""
+    try:
+        seg = spare_segment(m, count, spares, segment)
+    except TopologyError:
+        return
+    for union in itertools.combinations(sorted(available), count + spares):
+        if violation(m, union, seg) is None:
+            for job in itertools.combinations(union, count):
+                if violation(m, job, segment) is None:
+                    yield job, tuple(n for n in union if n not in job)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spare_case())
+def test_spares_are_valid_and_found_whenever_slurm_allows_them(case) -> None:
+    m, available, count, spares, segment = case
+    exists = next(valid_pairs(m, available, count, spares, segment), None)
+    try:
+        picked = select_with_spares(m, available, count, spares, segment)
+    except TopologyError:
+        assert exists is None, f"{exists} is valid but selection failed"
+        return
+    check(m, picked, count, spares)
+    assert set(picked.selection.nodes) | set(picked.spares) <= available
+    assert violation(m, picked.selection.nodes, segment) is None
+    unit = picked.segment or 1
+    job_blocks = {m.block_of[n] for n in picked.selection.nodes}
+    taken = set(picked.selection.nodes)
+    left = [len([n for n in m.topology.blocks[i].nodes if n in available and n not in taken]) for i in job_blocks]
+    if max(left) >= unit:
+        assert {m.block_of[n] for n in picked.spares} & job_blocks, "a job block had room but got no spare"
