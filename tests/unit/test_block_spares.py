@@ -21,6 +21,7 @@ from air_hpc.config import load_job
 from air_hpc.errors import ConfigError, TopologyError
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.badnodes import read_bad_nodes
+from air_hpc.launch.plan import node_request
 from air_hpc.launch.submit import plan
 from air_hpc.launch.supervisor import Supervisor, load_fabric, replace_nodes
 from air_hpc.records.events import read_events
@@ -315,3 +316,13 @@ def test_spares_are_valid_and_found_whenever_slurm_allows_them(case) -> None:
     left = [len([n for n in m.topology.blocks[i].nodes if n in available and n not in taken]) for i in job_blocks]
     if max(left) >= unit:
         assert {m.block_of[n] for n in picked.spares} & job_blocks, "a job block had room but got no spare"
+
+
+def test_too_few_free_nodes_now_leave_the_wait_to_slurm_with_the_segment(tmp_path: Path, small_corpus: Path) -> None:
+    topo = block_file(tmp_path, "BlockName=b1 Nodes=n[1-4]\nBlockName=b2 Nodes=n[5-8]\nBlockSizes=4,8\n")
+    job = job_in(tmp_path, small_corpus, f"cluster.topology_file={topo}", "resources.spare_nodes=2", *TP_ACROSS_NODES)
+    request, notes = node_request(job, available={"n1", "n2", "n5", "n6", "n7"})
+    assert request.nodelist is None and request.segment == 2 and not request.spares
+    assert notes[0].startswith("not enough free nodes now")
+    request, _ = node_request(job, available={"n1", "n2", "n5", "n6", "n7", "n8"})
+    assert request.rank_hosts and set(request.rank_hosts) == {"n5", "n6", "n7", "n8"} and request.spares == ("n1", "n2")
