@@ -2,10 +2,11 @@
 """Fault campaign benchmark: 8 mixed faults into gpt-tiny on the testbed, fault-to-resume against requeue.
 
 Runs ``air-hpc chaos`` (gpt-tiny TP2xPP2 on two nodes beside an untouched reference run) with 8
-faults of the kinds the testbed can inject, and prints for each kind its mean fault-to-resume time
-(fault to the end of the first step after it) as a ratio against the requeue path measured in the
-same campaign: the ``preempt`` faults (signal, synchronous save, requeue, start, load). Below 1: that
-kind recovers faster than a requeue. Also the goodput of both runs and whether nothing was lost.
+faults of the kinds the testbed can inject, and prints each fault (detection, resume, steps lost),
+then for each kind its mean fault-to-resume time (fault to the end of the first step after it) as a
+ratio against the requeue path measured in the same campaign: the ``preempt`` faults (signal,
+synchronous save, requeue, start, load). Below 1: that kind recovers faster than a requeue. Also
+the goodput of both runs and whether nothing was lost.
 
 Not run in CI (several minutes on 2 cores). Usage:
 ``scripts/bench/chaos.py [--state-dir DIR] [--seed S] [--faults KINDS] [--count N] [--dir RUNS]``.
@@ -25,9 +26,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "configs/jobs/gpt-tiny-testbed.yaml"
 BASELINE_KIND = "preempt"
+#: Every kind the testbed can strike.
+DEFAULT_FAULTS = "preempt,slurm-preempt,rank-kill,hang,straggler,ckpt-kill"
+#: gpt-tiny trains a step in well under a second: with fewer steps the run ends before the last faults.
+STEPS_PER_FAULT = 8
 
 
-def campaign(state_dir: str | None, runs: Path, faults: str, count: int, seed: int) -> dict[str, Any]:
+def campaign(state_dir: str | None, runs: Path, faults: str, count: int, seed: int, steps: int) -> dict[str, Any]:
     corpus = runs / "corpus.h5"
     if not corpus.exists():
         subprocess.run(
@@ -38,7 +43,7 @@ def campaign(state_dir: str | None, runs: Path, faults: str, count: int, seed: i
     overrides = [
         f"run.root={runs}",
         f"data.path={corpus}",
-        "train.steps=24",
+        f"train.steps={steps}",
         "checkpoint.interval_steps=3",
         "checkpoint.keep_last=10",
         "health.preflight=false",
@@ -56,20 +61,32 @@ def campaign(state_dir: str | None, runs: Path, faults: str, count: int, seed: i
     return result
 
 
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--state-dir", default=os.environ.get("AIR_HPC_TEST_STATE_DIR"))
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--faults", default="preempt,hang,straggler")
+    parser.add_argument("--faults", default=DEFAULT_FAULTS)
     parser.add_argument("--count", type=int, default=8)
+    parser.add_argument(
+        "--steps", type=int, default=None, help=f"Training steps (default: {STEPS_PER_FAULT} per fault, at least 24)."
+    )
     parser.add_argument("--dir", type=Path, default=None, help="Where the runs go (default: a temporary directory).")
     args = parser.parse_args()
     if BASELINE_KIND not in args.faults.split(","):
         raise SystemExit(f"bench: --faults must include {BASELINE_KIND}, the requeue baseline")
     runs = args.dir or Path(tempfile.mkdtemp(prefix="bench-chaos-"))
-    result = campaign(args.state_dir, runs.resolve(), args.faults, args.count, args.seed)
+    steps = args.steps or max(24, STEPS_PER_FAULT * args.count)
+    result = campaign(args.state_dir, runs.resolve(), args.faults, args.count, args.seed, steps)
     if "error" in result:
         raise SystemExit(f"bench: {result['error']}")
+    print(f"{'#':>2} {'kind':<13} {'detected':>9} {'resumed':>9} {'lost':>4}  target")
+    for f in result["faults"]:
+        detected, resumed = (_seconds(f[key]) for key in ("detected_after_s", "resumed_after_s"))
+        print(f"{f['number']:>2} {f['kind']:<13} {detected:>9} {resumed:>9} {f['steps_lost']:>4}  {f['target']}")
     by_kind: dict[str, list[float]] = defaultdict(list)
     for fault in result["faults"]:
         if fault["resumed_after_s"] is not None:
