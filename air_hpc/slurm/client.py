@@ -48,6 +48,9 @@ UNREACHABLE_MARKERS = (
 )
 
 
+#: A command that has not answered in this long is checked for a controller that refuses connections.
+QUICK_ANSWER_S = 1.0
+
 #: Longest a Slurm call may take, retries included (``AIR_HPC_SLURM_DEADLINE_S`` overrides).
 DEFAULT_DEADLINE_S = 20.0
 DEADLINE_ENV = "AIR_HPC_SLURM_DEADLINE_S"
@@ -118,7 +121,8 @@ class SlurmClient:
     ) -> subprocess.CompletedProcess[str]:
         """Run one Slurm command; retry only read-only calls when the controller is unreachable.
 
-        A controller that refuses connections fails the call at once; one that
+        A controller that refuses connections fails ``sbatch`` before it runs
+        (nothing submitted) and any other call once it is slow to answer; one that
         does not answer is retried (one warning line each) until the client's
         deadline, which bounds every attempt and wait together; for one more
         deadline after that, calls fail without waiting again. ``check=False``
@@ -127,7 +131,7 @@ class SlurmClient:
         if check:
             if time.monotonic() < self._down_until:
                 raise NotRun(f"Slurm controller unreachable ({self._down_reason}); {args[0]} not run")
-            refused = self.controller_refused() if talks_to_slurmctld(args) else None
+            refused = self.controller_refused() if args[0] == "sbatch" else None
             if refused is not None:
                 raise NotRun(f"Slurm controller unreachable: connection refused at {refused} (is slurmctld running?)")
         deadline = time.monotonic() + self.deadline_s
@@ -136,8 +140,8 @@ class SlurmClient:
         stderr = ""
         for attempt in range(1, attempts + 1):
             left = deadline - time.monotonic()
-            budget = left if attempt == attempts else left / 2  # leave time for the retries
-            result = self._run_once(args, input_text, max(0.1, min(timeout_s or self.timeout_s, budget)))
+            budget = max(0.1, min(timeout_s or self.timeout_s, left if attempt == attempts else left / 2))
+            result = self._run_once(args, input_text, budget, probe_slow=check and talks_to_slurmctld(args))
             if result.returncode == 0 or not check:
                 return result
             stderr = result.stderr.strip()
@@ -171,25 +175,58 @@ class SlurmClient:
         self._down_until, self._down_reason = time.monotonic() + self.deadline_s, reason
 
     def _run_once(
-        self, args: Sequence[str], input_text: str | None, timeout_s: float
+        self, args: Sequence[str], input_text: str | None, timeout_s: float, *, probe_slow: bool = False
     ) -> subprocess.CompletedProcess[str]:
+        """Run the command; with ``probe_slow``, one still running after :data:`QUICK_ANSWER_S` is ended at once
+        when no controller address accepts a connection (Slurm's tools retry a stopped one for a minute or more).
+
+        Only a slow command probes: every probe is a connection slurmctld logs as an error ("Zero Bytes were
+        transmitted"), which a probe per command turned into a line in its log for every poll.
+        """
         log.debug("run: %s", shlex.join(args))
         try:
-            return subprocess.run(
+            proc = subprocess.Popen(
                 list(args),
-                input=input_text,
-                capture_output=True,
+                stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 text=True,
-                timeout=timeout_s,
                 env=self.env,
-                check=False,
             )
         except FileNotFoundError:
             raise SlurmError(f"{args[0]}: command not found; install Slurm's client tools (slurm-client)") from None
-        except subprocess.TimeoutExpired as exc:
-            return subprocess.CompletedProcess(
-                list(args), 124, "", f"Socket timed out: {args[0]} gave no answer in {exc.timeout} s"
-            )
+        with proc:
+            return self._answer(proc, args, input_text, timeout_s, probe_slow)
+
+    def _answer(
+        self,
+        proc: "subprocess.Popen[str]",
+        args: Sequence[str],
+        input_text: str | None,
+        timeout_s: float,
+        probe_slow: bool,
+    ) -> subprocess.CompletedProcess[str]:
+        started = time.monotonic()
+        try:
+            out, err = proc.communicate(input_text, timeout=min(timeout_s, QUICK_ANSWER_S))
+        except subprocess.TimeoutExpired:
+            refused = self.controller_refused() if probe_slow else None
+            if refused is not None:
+                proc.kill()
+                proc.communicate()
+                self._mark_down(f"connection refused at {refused}")
+                raise SlurmUnreachableError(
+                    f"Slurm controller unreachable: connection refused at {refused} (is slurmctld running?)"
+                ) from None
+            try:
+                out, err = proc.communicate(timeout=max(0.0, timeout_s - (time.monotonic() - started)))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                return subprocess.CompletedProcess(
+                    list(args), 124, "", f"Socket timed out: {args[0]} gave no answer in {timeout_s} s"
+                )
+        return subprocess.CompletedProcess(list(args), proc.returncode, out, err)
 
     # Typed calls. Parsing lives in air_hpc.slurm.jobs; these only choose the arguments.
 

@@ -122,7 +122,7 @@ class FakeSlurm(SlurmClient):
         return "fake-ctld:6817" if self.refused else None
 
     def _run_once(
-        self, args: Sequence[str], input_text: str | None, timeout_s: float
+        self, args: Sequence[str], input_text: str | None, timeout_s: float, *, probe_slow: bool = False
     ) -> subprocess.CompletedProcess[str]:
         args = list(args)
         self.calls.append(args)

@@ -67,9 +67,9 @@ class LosesSbatchAnswer(SlurmClient):
     """The real client, except that every sbatch's answer is lost after the controller accepted the job."""
 
     def _run_once(
-        self, args: Sequence[str], input_text: str | None, timeout_s: float
+        self, args: Sequence[str], input_text: str | None, timeout_s: float, *, probe_slow: bool = False
     ) -> subprocess.CompletedProcess[str]:
-        result = super()._run_once(args, input_text, timeout_s)
+        result = super()._run_once(args, input_text, timeout_s, probe_slow=probe_slow)
         if args[0] == "sbatch" and "--test-only" not in args and result.returncode == 0:
             return subprocess.CompletedProcess(list(args), 1, "", "sbatch: error: Socket timed out on send/recv")
         return result

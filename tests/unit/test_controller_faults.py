@@ -1,6 +1,7 @@
 """A stopped or silent controller: refused fails at once, silence within one deadline; a lost sbatch answer is found."""
 
 import logging
+import os
 import socket
 import subprocess
 import time
@@ -66,7 +67,7 @@ class Silent(SlurmClient):
         self.timeouts: list[float] = []
 
     def _run_once(
-        self, args: Sequence[str], input_text: str | None, timeout_s: float
+        self, args: Sequence[str], input_text: str | None, timeout_s: float, *, probe_slow: bool = False
     ) -> subprocess.CompletedProcess[str]:
         self.timeouts.append(timeout_s)
         time.sleep(timeout_s)
@@ -98,6 +99,43 @@ def test_refused_fails_at_once_without_running_anything(tmp_path: Path) -> None:
     with pytest.raises(SlurmUnreachableError, match=r"connection refused at 127\.0\.0\.1:"):
         client.sbatch(conf)
     assert time.monotonic() - started < 1.0 and client.timeouts == []
+
+
+def fake_squeue(tmp_path: Path, body: str) -> dict[str, str]:
+    """An environment whose ``squeue`` is a script running ``body``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\n{body}\n")
+    (bin_dir / "squeue").chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def test_a_quick_answer_never_probes_the_controller(tmp_path: Path) -> None:
+    """slurmctld logs every bare TCP probe as an error ("Zero Bytes were transmitted"): a command that answers
+    quickly must not cost one, or every status poll writes an error line into the controller's log."""
+    with socket.socket() as controller:
+        controller.bind(("127.0.0.1", 0))
+        controller.listen()
+        controller.settimeout(0.3)
+        conf = tmp_path / "slurm.conf"
+        conf.write_text(f"SlurmctldHost=me(127.0.0.1)\nSlurmctldPort={controller.getsockname()[1]}\n")
+        client = SlurmClient(env={"SLURM_CONF": str(conf), **fake_squeue(tmp_path, "exit 0")})
+        for _ in range(3):
+            assert client.squeue(["5"]) == []
+        with pytest.raises(TimeoutError):
+            controller.accept()
+
+
+def test_a_slow_command_with_the_controller_refusing_fails_in_about_a_second(tmp_path: Path) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(f"SlurmctldHost=me(127.0.0.1)\nSlurmctldPort={closed_port()}\n")
+    client = SlurmClient(env={"SLURM_CONF": str(conf), **fake_squeue(tmp_path, "exec sleep 30")}, deadline_s=30)
+    started = time.monotonic()
+    with pytest.raises(SlurmUnreachableError, match=r"connection refused at 127\.0\.0\.1:"):
+        client.squeue(["5"])
+    assert time.monotonic() - started < 3.0
+    with pytest.raises(NotRun):
+        client.squeue(["5"])
 
 
 def test_only_commands_that_need_slurmctld_are_probed() -> None:

@@ -179,7 +179,7 @@ class CannedSlurm(SlurmClient):
         self.stdout = stdout
 
     def _run_once(
-        self, args: Sequence[str], input_text: str | None, timeout_s: float
+        self, args: Sequence[str], input_text: str | None, timeout_s: float, *, probe_slow: bool = False
     ) -> subprocess.CompletedProcess[str]:
         out = self.stdout if args[0] != "squeue" else "7|RUNNING|1|n1|None|0:01|1:00|x\n"
         return subprocess.CompletedProcess(list(args), 0, out, "")
