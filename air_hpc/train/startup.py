@@ -47,22 +47,29 @@ class StartupClock:
         self._clock = clock
         self._cpu_clock = cpu_clock
         self._last_s = started_s
+        self._last_cpu_s = 0.0
         self.phases_s: dict[str, float] = {}
+        self.cpu_phases_s: dict[str, float] = {}
+        """This process's CPU seconds (all threads) per phase; ``launch`` counts from the process's creation."""
         self.cpu_to_first_step_s = 0.0
         """This process's CPU seconds (all threads, since it was created) when its first step began."""
 
     def mark(self, phase: str) -> None:
         if phase not in PHASES:
             raise ValueError(f"start-up phase {phase!r} is not one of {', '.join(PHASES)}")
-        now = self._clock()
+        now, cpu = self._clock(), self._cpu_clock()
         self.phases_s[phase] = max(now - self._last_s, 0.0)
-        self._last_s = now
+        self.cpu_phases_s[phase] = max(cpu - self._last_cpu_s, 0.0)
+        self._last_s, self._last_cpu_s = now, cpu
         if phase == PHASES[PHASES.index("first_step") - 1]:
-            self.cpu_to_first_step_s = self._cpu_clock()
+            self.cpu_to_first_step_s = cpu
 
     def vector(self) -> list[float]:
-        """Seconds per phase in :data:`PHASES` order (0 for a phase not passed), then the CPU seconds, for a gather."""
-        return [self.phases_s.get(phase, 0.0) for phase in PHASES] + [self.cpu_to_first_step_s]
+        """For a gather: wall seconds per phase in :data:`PHASES` order (0 for a phase not passed),
+        CPU seconds per phase in the same order, then the CPU seconds to the first step."""
+        wall = [self.phases_s.get(phase, 0.0) for phase in PHASES]
+        cpu = [self.cpu_phases_s.get(phase, 0.0) for phase in PHASES]
+        return wall + cpu + [self.cpu_to_first_step_s]
 
 
 def startup_event(per_rank: Sequence[Sequence[float]], first_step: int) -> dict[str, Any]:
@@ -72,8 +79,10 @@ def startup_event(per_rank: Sequence[Sequence[float]], first_step: int) -> dict[
     its first step: the ranks meet in the first step's collectives, so the slowest one
     decides when training begins.
     """
-    ranks = [list(row[: len(PHASES)]) for row in per_rank]
-    cpu = [round(row[len(PHASES)], 4) for row in per_rank]
+    n = len(PHASES)
+    ranks = [list(row[:n]) for row in per_rank]
+    cpu_phases = [list(row[n : 2 * n]) for row in per_rank]
+    cpu = [round(row[2 * n], 4) for row in per_rank]
     before_step = [sum(row[: PHASES.index("first_step")]) for row in ranks]
     slowest = max(range(len(ranks)), key=lambda r: before_step[r]) if ranks else 0
     return {
@@ -83,6 +92,7 @@ def startup_event(per_rank: Sequence[Sequence[float]], first_step: int) -> dict[
         "slowest_rank": slowest,
         "cpu_to_first_step_s": cpu,
         "phases_s": {phase: [round(row[i], 4) for row in ranks] for i, phase in enumerate(PHASES)},
+        "cpu_phases_s": {phase: [round(row[i], 4) for row in cpu_phases] for i, phase in enumerate(PHASES)},
         "median_s": {
             phase: round(statistics.median(row[i] for row in ranks), 4) if ranks else 0.0
             for i, phase in enumerate(PHASES)

@@ -15,20 +15,24 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_clock_closes_each_phase_at_its_mark() -> None:
     now = iter([101.5, 104.0, 104.25])
-    clock = StartupClock(100.0, clock=lambda: next(now), cpu_clock=lambda: 3.0)
+    cpu = iter([0.5, 2.0, 2.125])
+    clock = StartupClock(100.0, clock=lambda: next(now), cpu_clock=lambda: next(cpu))
     clock.mark("launch")
     clock.mark("imports")
     clock.mark("preflight")
     assert clock.phases_s == {"launch": 1.5, "imports": 2.5, "preflight": 0.25}
-    assert clock.vector() == [1.5, 2.5, 0.25] + [0.0] * (len(PHASES) - 3) + [0.0]
+    assert clock.cpu_phases_s == {"launch": 0.5, "imports": 1.5, "preflight": 0.125}
+    rest = [0.0] * (len(PHASES) - 3)
+    assert clock.vector() == [1.5, 2.5, 0.25, *rest, 0.5, 1.5, 0.125, *rest, 0.0]
 
 
 def test_clock_takes_the_cpu_time_when_the_first_step_begins() -> None:
-    cpu = iter([2.5, 9.0])
+    cpu = iter([0.5] * (len(PHASES) - 2) + [2.5, 9.0])
     clock = StartupClock(0.0, clock=lambda: 1.0, cpu_clock=lambda: next(cpu))
     for phase in PHASES:
         clock.mark(phase)
     assert clock.cpu_to_first_step_s == 2.5
+    assert clock.cpu_phases_s["data"] == 2.0 and clock.cpu_phases_s["first_step"] == 6.5
     assert clock.vector()[-1] == 2.5
 
 
@@ -38,11 +42,15 @@ def test_clock_refuses_an_unknown_phase() -> None:
 
 
 def test_event_names_the_slowest_rank_and_leaves_the_first_step_out_of_the_total() -> None:
-    fast = [1.0, 2.0, 0.0, 0.5, 0.25, 0.0, 0.0, 9.0, 3.5]
-    slow = [1.0, 5.0, 0.0, 0.5, 0.25, 0.25, 0.0, 0.5, 4.0]
+    fast_cpu = [0.5, 1.5, 0.0, 0.25, 0.25, 0.0, 0.0, 1.0]
+    slow_cpu = [0.5, 2.0, 0.0, 0.25, 0.25, 0.25, 0.0, 0.5]
+    fast = [1.0, 2.0, 0.0, 0.5, 0.25, 0.0, 0.0, 9.0, *fast_cpu, 3.5]
+    slow = [1.0, 5.0, 0.0, 0.5, 0.25, 0.25, 0.0, 0.5, *slow_cpu, 4.0]
     event = startup_event([fast, slow], first_step=7)
     assert event["step"] == 7 and event["ranks"] == 2
     assert event["cpu_to_first_step_s"] == [3.5, 4.0]
+    assert event["cpu_phases_s"]["imports"] == [1.5, 2.0]
+    assert list(event["cpu_phases_s"]) == list(PHASES)
     assert event["to_first_step_s"] == 7.0
     assert event["slowest_rank"] == 1
     assert event["phases_s"]["imports"] == [2.0, 5.0]
