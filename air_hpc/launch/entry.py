@@ -89,7 +89,7 @@ class TrainingEntry(submitit.helpers.Checkpointable):
 
     def __call__(self) -> Any:
         from air_hpc.train import metrics, parallel, trainer
-        from air_hpc.train.startup import StartupClock, process_start_s
+        from air_hpc.train.startup import StartupClock, pause_gc, process_start_s, resume_gc
 
         clock = StartupClock(process_start_s())
         clock.mark("launch")
@@ -105,6 +105,7 @@ class TrainingEntry(submitit.helpers.Checkpointable):
         metrics.warn_once_per_job(env.rank, SlurmEnv.from_environ(os.environ).restart_count)
         _stop_a_crash_loop(job.resilience.max_no_progress_restarts, run_dir, env.rank)
         handler = metrics.setup_rank_logging(run_dir.rank_log(env.rank), env.rank)
+        pause_gc()  # under submitit or a test (``__main__`` paused it already); the trainer resumes it after the build
         try:
             log.info("rank %d of %d on %s (local rank %d)", env.rank, env.world_size, env.hostname, env.local_rank)
             on_cpu = job.hardware.device == "cpu"
@@ -115,8 +116,6 @@ class TrainingEntry(submitit.helpers.Checkpointable):
             clock.mark("imports")
             with contextlib.ExitStack() as stack:
                 if on_cpu:
-                    from air_hpc.train import megatron_compat
-
                     stack.enter_context(megatron_compat.cpu_patched())
                 else:
                     import torch
@@ -144,6 +143,7 @@ class TrainingEntry(submitit.helpers.Checkpointable):
             log.exception("rank %d failed", env.rank)
             raise
         finally:
+            resume_gc()  # when the start failed before the trainer resumed it
             logging.getLogger().removeHandler(handler)
             handler.close()
 

@@ -8,6 +8,7 @@ rank used until its first step: on a machine shared with other work, wall time s
 the start took, CPU time how much work it was.
 """
 
+import gc
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +27,38 @@ PHASES: tuple[str, ...] = (
 )
 
 EVENT_KIND = "startup"
+
+_gc_paused = False
+
+
+def pause_gc() -> None:
+    """Turn off Python's cyclic garbage collector for the start (idempotent); :func:`resume_gc` turns it back on.
+
+    A rank's start creates millions of objects that live as long as the process (torch,
+    megatron-core and Dynamo's modules, classes, dataclasses) and little cyclic garbage; the
+    collector's passes over them while they load cost about a fifth of the imports' CPU time
+    (measured on gpt-tiny: 4.35 -> 3.4 CPU s per process). Kept off through the model's build,
+    whose optimizer imports TorchDynamo; back on before the checkpoint is loaded, whose
+    temporaries may be large.
+    """
+    global _gc_paused
+    if gc.isenabled():
+        gc.disable()
+        _gc_paused = True
+
+
+def resume_gc() -> None:
+    """Turn the collector back on if :func:`pause_gc` turned it off, after freezing what the start created.
+
+    ``gc.freeze`` moves every object alive now to the permanent generation: the training steps'
+    collections then never walk the start's objects again, and a forked checkpoint writer
+    touches fewer of the parent's pages.
+    """
+    global _gc_paused
+    if _gc_paused:
+        gc.freeze()
+        gc.enable()
+        _gc_paused = False
 
 
 def process_start_s() -> float:

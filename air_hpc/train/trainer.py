@@ -31,7 +31,7 @@ from air_hpc.train import parallel, tb_log
 from air_hpc.train.collectives import gather_floats
 from air_hpc.train.data import CorpusInfo, TokenSamples, check_for_training
 from air_hpc.train.parallel import ParallelContext
-from air_hpc.train.startup import EVENT_KIND, StartupClock, startup_event
+from air_hpc.train.startup import EVENT_KIND, StartupClock, resume_gc, startup_event
 from air_hpc.train.straggler_watch import StragglerWatch
 
 if TYPE_CHECKING:
@@ -101,6 +101,7 @@ def train(
     parallel.seed(ctx, job.train.seed)
     model = model_mod.build(job, ctx)
     _mark(clock, "model")
+    resume_gc()  # paused by the rank's entry for the imports and the build (see startup.pause_gc)
     events = EventLog(run_dir.events)
     checkpoints = Checkpointer(
         CheckpointStore(run_dir.checkpoints, job.checkpoint.keep_last, job.checkpoint.keep_every),

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from air_hpc.train.megatron_compat import EVIDENCE, EVIDENCE_MODULE, lazy_compile
-from air_hpc.train.startup import PHASES, StartupClock, startup_event
+from air_hpc.train.startup import PHASES, StartupClock, pause_gc, resume_gc, startup_event
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -108,3 +108,30 @@ def test_training_imports_of_megatron_leave_inductor_out() -> None:
     assert "torch._inductor.compile_fx" in plain
     assert "torch._inductor.compile_fx" not in ours
     assert {"megatron.core.models.gpt", "megatron.core.optimizer"} <= ours
+
+
+def test_gc_paused_for_the_start_then_frozen_and_resumed() -> None:
+    import gc
+
+    assert gc.isenabled()
+    try:
+        pause_gc()
+        pause_gc()  # idempotent: the entry pauses again under ``python -m air_hpc.launch``
+        assert not gc.isenabled()
+        resume_gc()
+        assert gc.isenabled() and gc.get_freeze_count() > 0
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
+def test_gc_resume_leaves_a_collector_it_did_not_pause_alone() -> None:
+    import gc
+
+    gc.disable()
+    try:
+        pause_gc()
+        resume_gc()
+        assert not gc.isenabled() and gc.get_freeze_count() == 0
+    finally:
+        gc.enable()
