@@ -14,6 +14,11 @@ the patched code stops working (``tests/unit/test_cpu_compat.py``,
   :func:`import_megatron` imports megatron-core while ``torch.compile`` is a lazy stand-in: each
   decorated function is compiled by the real ``torch.compile`` on its first call, which is what
   ``torch.compile`` does anyway; only the import moves to the first use.
+- **Import without TensorBoard**: ``megatron/core/timers.py`` imports TensorBoard's
+  ``SummaryWriter`` (TensorBoard, protobuf, ~90 modules, ~0.07 CPU s per rank) inside a
+  ``try``/``except ImportError``, for Megatron's own timer logging, which air-hpc never calls.
+  :func:`import_megatron` hides the module while megatron-core loads (``SummaryWriter`` is then
+  None there) and unhides it after: ``observe.tensorboard`` imports it as before.
 - **CPU ranks** (:func:`cpu_patched`, tests, CI, the demo): Megatron assumes CUDA in a handful
   of places even when ``use_cpu_initialization`` is set: literal ``device="cuda"`` in the
   schedules, the causal mask, the optimizer and grad clipping; ``torch.cuda.current_device()``/
@@ -32,6 +37,7 @@ import functools
 import importlib
 import logging
 import queue
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -45,6 +51,13 @@ log = logging.getLogger(__name__)
 #: Where megatron-core binds ``torch.compile`` at import, and the text that shows it.
 EVIDENCE_MODULE = "megatron.core.jit"
 EVIDENCE = "jit_fuser = torch.compile"
+
+#: The module megatron-core imports for its timers only, and the text that shows it may be absent.
+UNUSED_MODULE = "torch.utils.tensorboard"
+UNUSED_EVIDENCE_MODULE = "megatron.core.timers"
+UNUSED_EVIDENCE = (
+    "try:\n    from torch.utils.tensorboard import SummaryWriter\nexcept ImportError:\n    SummaryWriter = None"
+)
 
 #: What training imports from megatron-core: all of it at once, before the clock's ``imports`` mark.
 TRAINING_MODULES: tuple[str, ...] = (
@@ -97,9 +110,23 @@ def compile_deferred() -> Iterator[None]:
         torch.compile = real
 
 
+@contextlib.contextmanager
+def hidden(module: str) -> Iterator[None]:
+    """``import module`` raises ImportError inside the block, unless it was imported already."""
+    if module in sys.modules:
+        yield
+        return
+    sys.modules[module] = None  # type: ignore[assignment]  # the import system's "not importable" mark
+    try:
+        yield
+    finally:
+        if sys.modules.get(module, ...) is None:
+            del sys.modules[module]
+
+
 def import_megatron(modules: tuple[str, ...] = TRAINING_MODULES) -> None:
-    """Import the megatron-core modules training uses, deferring their ``torch.compile`` work."""
-    with compile_deferred():
+    """Import the megatron-core modules training uses, deferring their ``torch.compile`` work, without TensorBoard."""
+    with compile_deferred(), hidden(UNUSED_MODULE):
         for name in modules:
             importlib.import_module(name)
     log.debug("imported %d megatron-core modules", len(modules))

@@ -12,7 +12,9 @@ each through the rendered batch script, and prints for both:
   ``python -c 'import torch, megatron.core'`` processes as the job has ranks, started together,
   until the last one is done: the floor of every start before the deferred ``torch.compile``
   (the old start paid that and then Megatron init, rendezvous, build and load on top);
-- a second baseline, bare ``import torch``: what no start can go below;
+- a second baseline, the floor: ``import torch, torch._dynamo, torch.distributed.checkpoint`` with
+  the GC off: what a rank that steps a ``torch.optim`` optimizer (which imports TorchDynamo) and
+  loads a checkpoint imports at least; no start can go below it;
 - the ratio start / baseline (below 1: the start now takes less than the old imports alone), in
   wall time and in CPU seconds per rank; the CPU ratio holds on a machine busy with other work,
   where wall times stretch with the load;
@@ -44,8 +46,13 @@ TARGET_S = 8.0
 
 
 #: The baselines, run as as many concurrent processes as the job has ranks: the old start's imports
-#: (megatron-core with its import-time ``torch.compile``), and torch alone (no start can go below it).
-BASELINES = {"import torch, megatron.core": "bare torch + megatron.core", "import torch": "bare torch"}
+#: (megatron-core with its import-time ``torch.compile``), and the floor: what any rank that steps a
+#: ``torch.optim`` optimizer (its ``step`` imports TorchDynamo) and loads a ``torch.distributed.checkpoint``
+#: must import, with the cyclic GC off as in a rank's start; no start can go below it.
+BASELINES = {
+    "import torch, megatron.core": "bare torch + megatron.core",
+    "import gc; gc.disable(); import torch, torch._dynamo, torch.distributed.checkpoint": "floor: torch+dynamo+dcp",
+}
 
 
 def bare_imports(code: str, ranks: int) -> tuple[float, float]:

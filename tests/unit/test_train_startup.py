@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from air_hpc.train.megatron_compat import EVIDENCE, EVIDENCE_MODULE, lazy_compile
+from air_hpc.train.megatron_compat import (
+    EVIDENCE,
+    EVIDENCE_MODULE,
+    UNUSED_EVIDENCE,
+    UNUSED_EVIDENCE_MODULE,
+    UNUSED_MODULE,
+    hidden,
+    lazy_compile,
+)
 from air_hpc.train.startup import PHASES, StartupClock, pause_gc, resume_gc, startup_event
 
 REPO = Path(__file__).resolve().parents[2]
@@ -88,6 +96,28 @@ def test_megatron_still_binds_torch_compile_at_import() -> None:
     assert EVIDENCE in Path(spec.origin).read_text()
 
 
+def test_megatron_still_imports_tensorboard_only_if_it_can() -> None:
+    """The evidence for hiding TensorBoard: megatron-core's timers import it in a try; if that try goes, so must we."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(UNUSED_EVIDENCE_MODULE)
+    assert spec is not None and spec.origin is not None
+    assert UNUSED_EVIDENCE in Path(spec.origin).read_text()
+
+
+def test_a_hidden_module_cannot_be_imported_inside_the_block_only() -> None:
+    import sys
+
+    name = "air_hpc_never_imported_module"
+    with hidden(name), pytest.raises(ImportError):
+        __import__(name)
+    assert name not in sys.modules
+    with hidden("json"):  # imported already: left as it is
+        import json
+
+        assert json.dumps([]) == "[]"
+
+
 def _modules_after(code: str) -> set[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"}
     out = subprocess.run(
@@ -102,11 +132,16 @@ def _modules_after(code: str) -> set[str]:
 
 
 def test_training_imports_of_megatron_leave_inductor_out() -> None:
-    """A plain ``import megatron.core`` imports Inductor (seconds per rank); ours does not."""
+    """A plain ``import megatron.core`` imports Inductor (seconds per rank) and TensorBoard; ours does not."""
     plain = _modules_after("import megatron.core")
-    ours = _modules_after("from air_hpc.train import megatron_compat; megatron_compat.import_megatron()")
+    ours = _modules_after(
+        "from air_hpc.train import megatron_compat; megatron_compat.import_megatron()\n"
+        f"import sys; print('' if {UNUSED_MODULE!r} in sys.modules else 'imported-without-it')\n"
+        "from torch.utils.tensorboard import SummaryWriter  # observe.tensorboard: importable after"
+    )
     assert "torch._inductor.compile_fx" in plain
     assert "torch._inductor.compile_fx" not in ours
+    assert UNUSED_MODULE in plain and "imported-without-it" in ours and UNUSED_MODULE in ours
     assert {"megatron.core.models.gpt", "megatron.core.optimizer"} <= ours
 
 
