@@ -37,4 +37,6 @@ if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]] || ! "$VENV/bin/python" -
     "$VENV/bin/pip" install -q -e '.[dev]' "$TORCH_PIN"
     echo "$want" >"$stamp"
 fi
+# Our own bytecode now, not in the first start of every rank (each compiling the same files at once).
+"$VENV/bin/python" -m compileall -q air_hpc >/dev/null
 echo "setup: ready ($VENV)"
