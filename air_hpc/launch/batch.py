@@ -13,7 +13,6 @@ start      record the start in submissions.jsonl, fit the placement's rank order
            the allocation (a requeue that excluded a bad node got other nodes), print
            the generation directory and MASTER_ADDR / MASTER_PORT, one per line
 event      append one batch-shell event (``signal``) to events.jsonl
-backstop   stop the step as hung when no rank has beaten for ``--after-s`` seconds
 finish     the ranks' verdict over srun's exit code, then the requeue decision
            (Slurm's own preemption, the restart budget); prints ``<exit code> <action>``
 requeue    ``scontrol requeue``, then keep the bad nodes out of the next start
@@ -32,7 +31,7 @@ restart budget (``resilience.max_restarts``)   yes         submitit's ``max_num_
 Slurm's preemption requeued exactly once       no          not checked
 the ranks' verdict over srun's 143             no
 bad nodes kept out of the next start           no          ``--exclude`` at submit only
-hang backstop outside the ranks                no          the ranks' own watchdogs only
+hang backstop, dead-node probe (supervisor)    no          the ranks' own watchdogs only
 ``started`` lines in submissions.jsonl         no          reports use the ranks' ``start`` events
 hot spares (in-job supervisor)                 no          ``resources.spare_nodes`` is not allocated
 MASTER_PORT from the job id                    yes         ``launch.entry`` derives it the same way
@@ -40,7 +39,6 @@ MASTER_PORT from the job id                    yes         ``launch.entry`` deri
 """
 
 import argparse
-import contextlib
 import datetime
 import logging
 import os
@@ -51,15 +49,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from air_hpc.errors import AirHpcError
 from air_hpc.exitcodes import NEVER_REQUEUED, REQUEUE_WORTHY, ExitCode
 from air_hpc.health.badnodes import read_bad_nodes
 from air_hpc.launch.rendezvous import master_port
 from air_hpc.records.events import EventLog
-from air_hpc.records.generation import generation, generation_dir, read_exit_code, write_exit_code
-from air_hpc.records.names import BEAT_GLOB
+from air_hpc.records.generation import generation, generation_dir, read_exit_code
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import record_start
 from air_hpc.slurm import hostlist
@@ -71,8 +66,6 @@ log = logging.getLogger(__name__)
 
 #: Slurm 24.05 and newer requeue a preempted job that ends within GraceTime themselves.
 SLURM_REQUEUES_PREEMPTED_FROM = (24, 5)
-#: After the backstop's SIGTERM, how long the step has before SIGKILL.
-BACKSTOP_KILL_AFTER_S = 30.0
 
 
 class BatchError(AirHpcError):
@@ -252,37 +245,6 @@ def requeue(run_dir: RunDir, job: JobStart, pinned: str | None, client: SlurmCli
     client.run(["scontrol", "update", f"jobid={job.job_id}", *update], retry=False)
 
 
-def backstop(start_dir: Path, step_pid: int, after_s: float, poll_s: float) -> None:
-    """Backstop to the ranks' own watchdogs: when no rank has beaten for ``after_s`` (every process frozen, or the
-    filesystem gone), record the start as hung and stop the step. Killed by the script once the step ends."""
-    try:
-        step = psutil.Process(step_pid)
-    except psutil.NoSuchProcess:
-        return
-    while True:
-        time.sleep(poll_s)
-        beats = [_mtime(path) for path in start_dir.glob(BEAT_GLOB)]
-        if not beats or max(beats) > time.time() - after_s:
-            continue
-        say(f"no rank made progress for {after_s:g} s; stopping the step as hung")
-        write_exit_code(start_dir, ExitCode.HUNG)
-        if step.is_running():  # the same process: psutil compares its start time
-            with contextlib.suppress(psutil.NoSuchProcess):
-                step.terminate()
-                try:
-                    step.wait(BACKSTOP_KILL_AFTER_S)
-                except psutil.TimeoutExpired:
-                    step.kill()
-        return
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except FileNotFoundError:  # replaced between the glob and the stat: it just beat
-        return time.time()
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m air_hpc.launch.batch", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -295,11 +257,6 @@ def _parser() -> argparse.ArgumentParser:
     cmd.add_argument("kind")
     cmd.add_argument("--at", type=float, help="epoch seconds of the moment (default: now)")
     cmd.add_argument("--field", action="append", default=[], metavar="NAME=VALUE", help="a text field of the event")
-    cmd = commands.add_parser("backstop")
-    cmd.add_argument("run_dir", type=Path)
-    cmd.add_argument("--step-pid", type=int, required=True)
-    cmd.add_argument("--after-s", type=float, required=True)
-    cmd.add_argument("--poll-s", type=float, required=True)
     cmd = commands.add_parser("finish")
     cmd.add_argument("run_dir", type=Path)
     cmd.add_argument("exit_code", type=int)
@@ -323,8 +280,6 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         elif args.command == "event":
             fields = dict(field.split("=", 1) for field in args.field)
             emit(run_dir, job, args.kind, args.at, **fields)
-        elif args.command == "backstop":
-            backstop(start_dir, args.step_pid, args.after_s, args.poll_s)
         elif args.command == "finish":
             rc, requeue_it = finish(run_dir, start_dir, job, args.exit_code, args.max_restarts, SlurmClient(env))
             print(rc, "requeue" if requeue_it else "none")

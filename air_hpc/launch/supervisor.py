@@ -1,14 +1,20 @@
-"""The in-job supervisor: runs the training step and restarts it on a hot spare when a node fails.
+"""The in-job supervisor: runs the training step, ends it when a node dies, restarts it on a hot spare.
 
-The batch script (with ``resources.spare_nodes`` > 0) runs
-``python -m air_hpc.launch.supervisor RUN_DIR -- srun ARGS...`` in place of the bare ``srun``.
-The allocation holds the training nodes plus the spares. When a step fails
-because of a node (a rank crashed, the node died, the watchdog found it hung),
-that node goes on the run's bad-node list, the nearest spare in the topology
-takes its ranks, and the step starts again inside the same job; the ranks
-resume from the latest verified checkpoint as on any start. Only when no spare
-is left does the supervisor hand a requeue-worthy exit code back to the batch
-script, which requeues excluding the bad nodes (the existing path).
+The batch script of every job runs ``python -m air_hpc.launch.supervisor RUN_DIR -- srun ARGS...``
+in place of the bare ``srun``. The allocation holds the training nodes plus
+the spares (``resources.spare_nodes``, often none). When a step fails because
+of a node (a rank crashed, the node died, the watchdog found it hung), that
+node goes on the run's bad-node list, the nearest spare in the topology takes
+its ranks, and the step starts again inside the same job; the ranks resume
+from the latest verified checkpoint as on any start. When no spare is left the
+supervisor hands a requeue-worthy exit code back to the batch script, which
+requeues excluding the bad nodes (the existing path).
+
+Without spares only a dead node is blamed: ``srun`` would wait for slurmctld
+to time the node out (SlurmdTimeout), and Slurm would then requeue the job
+itself still pinned to that node; the probe's verdict ends ``srun`` in seconds
+and the batch script requeues without the node. A crashed rank on a live node
+goes back unchanged, for the batch script to requeue as ``crashed``.
 
 Why each check:
 
@@ -38,7 +44,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -49,11 +54,12 @@ from air_hpc.errors import AirHpcError, TopologyError
 from air_hpc.exitcodes import REQUEUE_WORTHY, ExitCode
 from air_hpc.health.badnodes import append_bad_nodes, read_bad_nodes
 from air_hpc.launch.attempts import fence_settled
+from air_hpc.launch.probe import PROBE_TIMEOUT_S, probe_dead
 from air_hpc.records.events import EventLog
 from air_hpc.records.generation import STEP_ATTEMPT_ENV, generation, generation_dir, read_exit_code, write_exit_code
-from air_hpc.records.names import ARMED_FILE_PREFIX, BEAT_GLOB, STOP_REQUESTED_FILE
+from air_hpc.records.names import ARMED_FILE_PREFIX, BEAT_GLOB, STOP_REQUESTED_FILE, SUPERVISOR_ARMED_FILE
 from air_hpc.records.rundir import RunDir
-from air_hpc.render.spec import hang_backstop_s
+from air_hpc.render.spec import STOP_SIGNALS, hang_backstop_s
 from air_hpc.slurm import env as slurm_env
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.env import SlurmEnv
@@ -64,14 +70,10 @@ from air_hpc.topology.select import pick_spare
 
 log = logging.getLogger(__name__)
 
-#: A node whose probe step does not finish in this time is dead (a live one answers in well under a second).
-PROBE_TIMEOUT_S = 5.0
 #: After the backstop's SIGTERM, ``srun`` gets this long before SIGKILL.
 STOP_GRACE_S = 30.0
 #: How often the supervisor looks at the step, its heartbeats and its stderr.
 POLL_S = 0.2
-#: Signals that stop the run (preemption, time limit, cancel): forwarded to ``srun``, never restarted.
-STOP_SIGNALS = ("TERM", "INT", "HUP")
 
 _TASK_FAILURE = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? (?P<tasks>[0-9,\-]+): (?P<reason>.+?)\s*$")
 
@@ -109,10 +111,16 @@ class StepResult:
         return self.srun_exit_code
 
 
-def failed_nodes(result: StepResult, hosts: Sequence[str], newly_bad: Iterable[str]) -> tuple[str, ...]:
-    """The step's nodes to replace: dead ones, else those the ranks listed as bad, else the first failed task's."""
+def failed_nodes(
+    result: StepResult, hosts: Sequence[str], newly_bad: Iterable[str], with_spares: bool = True
+) -> tuple[str, ...]:
+    """The step's nodes to replace: dead ones, else those the ranks listed as bad, else the first failed task's.
+
+    Without spares only a dead node is blamed: a crashed rank's node is as good as any other for the
+    requeue (the batch script's ``crashed`` path), while a dead one would stall it.
+    """
     on_step = set(hosts)
-    if result.dead_nodes:
+    if result.dead_nodes or not with_spares:
         return tuple(n for n in result.dead_nodes if n in on_step)
     listed = tuple(n for n in newly_bad if n in on_step)
     if listed:
@@ -208,7 +216,7 @@ class Supervisor:
             self.run_dir, generation({k: v for k, v in self.environ.items() if k != STEP_ATTEMPT_ENV})
         )
         job_start.mkdir(parents=True, exist_ok=True)
-        (job_start / f"{ARMED_FILE_PREFIX}supervisor").touch()
+        (job_start / SUPERVISOR_ARMED_FILE).touch()
         if (job_start / STOP_REQUESTED_FILE).exists():
             log.warning("a stop was requested before the supervisor was armed")
             self._signum = int(getattr(signal, f"SIG{self.job.resilience.signal}"))
@@ -260,16 +268,19 @@ class Supervisor:
                     return code
                 hosts = unique(rank_hosts)
                 newly_bad = [n for n in read_bad_nodes(self.run_dir.bad_nodes) if n not in set(bad)]
-                failed = failed_nodes(result, hosts, newly_bad)
+                failed = failed_nodes(result, hosts, newly_bad, with_spares=bool(res.spare_nodes))
                 if not failed:
                     log.warning("step exited %d without a node to blame; handing it to the batch script", code)
                     return code
                 reason = self._reason(result, code)
                 append_bad_nodes(self.run_dir.bad_nodes, failed, reason)
                 bad = read_bad_nodes(self.run_dir.bad_nodes)
+                if result.dead_nodes:
+                    self._emit("node_dead", nodes=list(failed))
                 if len(failed) > len(spares):
-                    self._emit("spares_exhausted", failed=list(failed), spares=list(spares), exit_code=code)
-                    log.warning("no spare left for %s; requeueing", compress(failed))
+                    if res.spare_nodes:
+                        self._emit("spares_exhausted", failed=list(failed), spares=list(spares), exit_code=code)
+                    log.warning("no spare left for %s; requeueing without it", compress(failed))
                     return exhausted_code(code)
                 domain = self.job.hardware.nvlink_domain_nodes
                 rank_hosts, spares, moved = replace_nodes(rank_hosts, failed, spares, self.fabric, domain)
@@ -358,18 +369,7 @@ class Supervisor:
 
     def probe_dead(self, hosts: Sequence[str]) -> tuple[str, ...]:
         """The hosts where a tiny step does not finish in :data:`PROBE_TIMEOUT_S`."""
-        env = {k: v for k, v in self.client.env.items() if k != slurm_env.HOSTFILE}
-        probe = SlurmClient(env=env, timeout_s=PROBE_TIMEOUT_S, retries=0)
-
-        def alive(host: str) -> bool:
-            args = ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}", "true"]
-            if self.job_id:
-                args.insert(1, f"--jobid={self.job_id}")
-            return probe.run(args, check=False, retry=False).returncode == 0
-
-        with ThreadPoolExecutor(max_workers=min(32, len(hosts)) or 1) as pool:
-            answers = list(pool.map(alive, hosts))
-        return tuple(h for h, ok in zip(hosts, answers, strict=True) if not ok)
+        return probe_dead(self.client, self.job_id, hosts, PROBE_TIMEOUT_S)
 
     def _end_step(self) -> None:
         """Leave nothing behind: a step still running when the supervisor ends is stopped, then killed."""

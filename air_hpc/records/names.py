@@ -36,6 +36,8 @@ EXIT_CODE_FILE = "exit_code"
 #: later still sees the stop.
 ARMED_FILE_PREFIX = "armed-"
 STOP_REQUESTED_FILE = "stop_requested"
+#: The in-job supervisor's announcement in the job start's directory: it stands between the batch shell and the ranks.
+SUPERVISOR_ARMED_FILE = f"{ARMED_FILE_PREFIX}supervisor"
 #: One node's pre-flight report: ``preflight-<host>.json``.
 PREFLIGHT_PREFIX = "preflight-"
 

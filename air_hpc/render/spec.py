@@ -19,6 +19,10 @@ from air_hpc.render.quoting import check_env_name, check_one_line, slurm_filenam
 from air_hpc.slurm import hostlist
 from air_hpc.topology.request import NodeRequest
 
+#: Signals that stop the run besides ``resilience.signal`` (time limit, cancel): the supervisor handles
+#: each (forwards it to ``srun``, restarts nothing) and is started with them ignored until it does.
+STOP_SIGNALS = ("TERM", "INT", "HUP")
+
 
 @dataclass(frozen=True)
 class SbatchSpec:
@@ -46,19 +50,12 @@ class SbatchSpec:
     request: NodeRequest = field(default_factory=NodeRequest)
     container_image: str | None = None
     container_mounts: tuple[str, ...] = ()
-    hang_backstop_s: int | None = None
-    """The batch script stops the step as hung when no rank has beaten for this long (None: no check)."""
     spare_nodes: int = 0
-    """Hot spares allocated beside ``nodes``; with any, the step runs under the supervisor."""
+    """Hot spares allocated beside ``nodes``, for the supervisor to restart the step on."""
     supervisor_command: tuple[str, ...] = ()
-    """The in-job supervisor that starts (and restarts) the ``srun`` step when there are spares."""
+    """The in-job supervisor that runs the ``srun`` step: dead-node probe, hang backstop, restarts on spares."""
     batch_command: tuple[str, ...] = ()
-    """The batch script's Python half (``air_hpc.launch.batch``): start, events, backstop, requeue decision."""
-
-    @property
-    def armed_needed(self) -> int:
-        """Armed announcements before the batch shell forwards a stop: every rank's, or the supervisor's alone."""
-        return 1 if self.spare_nodes else self.world_size
+    """The batch script's Python half (``air_hpc.launch.batch``): start, events, requeue decision."""
 
     @property
     def allocated_nodes(self) -> int:
@@ -102,7 +99,8 @@ class SbatchSpec:
             "hostfile_name": names.HOSTFILE,
             "armed_prefix": names.ARMED_FILE_PREFIX,
             "stop_requested_file": names.STOP_REQUESTED_FILE,
-            "backstop_poll_s": max(1, min(60, (self.hang_backstop_s or 0) // 10)),
+            "supervisor_armed_file": names.SUPERVISOR_ARMED_FILE,
+            "supervisor_stop_signals": tuple(dict.fromkeys((self.signal, *STOP_SIGNALS))),
         }
 
 
@@ -206,10 +204,8 @@ def build_spec(
         request=request,
         container_image=container.image if container else None,
         container_mounts=_container_mounts(job, run_dir),
-        # Under the supervisor the backstop is the supervisor's: it knows which start's heartbeats to watch.
-        hang_backstop_s=None if res.spare_nodes else hang_backstop_s(job),
         spare_nodes=res.spare_nodes,
-        supervisor_command=supervisor_command(job, run_dir, python) if res.spare_nodes else (),
+        supervisor_command=supervisor_command(job, run_dir, python),
         batch_command=batch_command(job, python),
     )
 

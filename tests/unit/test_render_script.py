@@ -6,17 +6,21 @@ batch shell reaches the step. The same script runs on the real testbed in
 tests/integration/test_jobs_testbed.py.
 """
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
 
 from air_hpc.config import load_job
 from air_hpc.exitcodes import REQUEUE_WORTHY, ExitCode
+from air_hpc.records.rundir import RunDir
 from air_hpc.render import NodeRequest, build_spec, render_script
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,6 +56,7 @@ def stubs(tmp_path: Path) -> Path:
 def write_script(tmp_path: Path, step: list[str], request: NodeRequest | None = None, *extra: str) -> Path:
     job = load_job(TESTBED_JOB, [f"run.root={tmp_path}", "run.name=run", *extra])
     job.run.dir.mkdir(parents=True, exist_ok=True)
+    RunDir(job.run.dir).write_job(job)  # the supervisor reads it
     path = tmp_path / "job.sbatch"
     path.write_text(render_script(build_spec(job, request, step_command=step)))
     return path
@@ -76,6 +81,11 @@ def requeued(tmp_path: Path) -> list[str]:
     return path.read_text().split() if path.exists() else []
 
 
+def events_of(tmp_path: Path, kind: str | None = None) -> list[dict[str, Any]]:
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    return [e for e in events if kind is None or e["kind"] == kind]
+
+
 @pytest.mark.parametrize(
     ("code", "restarts", "expect_requeue"),
     [
@@ -97,10 +107,14 @@ def test_exit_code_contract(tmp_path: Path, stubs: Path, code: int, restarts: in
     assert requeued(tmp_path) == (["4242"] if expect_requeue else [])
 
 
+#: The first step of the job's first start: the supervisor's step attempt 0.
+STEP_DIR = Path("run") / "heartbeat" / "4242-0.0"
+
+
 def arm_all(tmp_path: Path) -> str:
     """The step announcing that its 4 ranks (gpt-tiny-testbed: 2 nodes x 2 tasks) handle the stop signal."""
-    start = tmp_path / "run" / "heartbeat" / "4242-0"
-    return f"mkdir -p {start} && touch {start}/armed-{{0,1,2,3}}"
+    step = tmp_path / STEP_DIR
+    return f"mkdir -p {step} && touch {step}/armed-{{0,1,2,3}}"
 
 
 def test_signal_is_forwarded_to_the_step_which_requeues(tmp_path: Path, stubs: Path) -> None:
@@ -127,7 +141,7 @@ def test_signal_is_forwarded_to_the_step_which_requeues(tmp_path: Path, stubs: P
     assert b"got-usr2" in out
     assert b"forwarding to the training step" in err
     assert requeued(tmp_path) == ["4242"]
-    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    events = [e for e in events_of(tmp_path) if e["kind"] not in ("step_started", "step_ended")]
     assert [(e["kind"], e["job_id"]) for e in events] == [("signal", "4242"), ("requeue", "4242")]
     assert events[0]["signal"] == "SIGUSR2" and events[1]["exit_code"] == ExitCode.REQUEUE
     assert events[0]["time"] <= events[1]["time"]
@@ -136,7 +150,7 @@ def test_signal_is_forwarded_to_the_step_which_requeues(tmp_path: Path, stubs: P
 def test_a_signal_before_the_ranks_are_armed_is_recorded_for_them_not_sent(tmp_path: Path, stubs: Path) -> None:
     """A rank still starting would die of the signal: it reads the recorded stop once armed instead."""
     ready = tmp_path / "ready"
-    stop = tmp_path / "run" / "heartbeat" / "4242-0" / "stop_requested"
+    stop = tmp_path / STEP_DIR / "stop_requested"
     payload = (
         f"touch {ready}; while [[ ! -e {stop} ]]; do sleep 0.05; done; {arm_all(tmp_path)}; "
         f"[[ -e {stop} ]] && exit {int(ExitCode.REQUEUE)}"
@@ -156,7 +170,7 @@ def test_a_signal_before_the_ranks_are_armed_is_recorded_for_them_not_sent(tmp_p
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == ExitCode.REQUEUE, err
-    assert b"while the ranks start; they read the stop once armed" in err
+    assert b"while the ranks start: they read the stop once armed" in err
     assert requeued(tmp_path) == ["4242"]
 
 
@@ -192,10 +206,6 @@ def test_rank_order_reaches_srun(tmp_path: Path, stubs: Path) -> None:
     assert "--distribution=arbitrary" in (tmp_path / "srun").read_text()
 
 
-def events_of(tmp_path: Path) -> list[dict[str, object]]:
-    return [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
-
-
 @pytest.mark.parametrize(
     ("version", "restarts", "expect_requeue"),
     [("22.05.8", None, True), ("23.11.10", 3, True), ("24.11.5", None, False), ("25.05.0", 3, False)],
@@ -216,8 +226,8 @@ def test_slurm_preemption_is_requeued_once(
     result = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
     assert result.returncode == ExitCode.REQUEUE, result.stderr
     assert requeued(tmp_path) == (["4242"] if expect_requeue else [])
-    (event,) = events_of(tmp_path)
-    assert event["kind"] == "preempted" and event["requeue_by"] == ("batch" if expect_requeue else "slurm")
+    (event,) = events_of(tmp_path, "preempted")
+    assert event["requeue_by"] == ("batch" if expect_requeue else "slurm")
     # The script's own run time (Python starts twice) adds to the 4 s since the preemption.
     assert event["grace_s"] == 30 and event["fit"] is True and 3 <= int(str(event["ended_after_s"])) <= 20
 
@@ -231,5 +241,43 @@ def test_a_save_past_the_grace_time_is_reported(tmp_path: Path, stubs: Path) -> 
         "STUB_END_TIME": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now - 10)),
     }
     subprocess.run(["bash", str(script)], env=env, capture_output=True, check=False)
-    (event,) = events_of(tmp_path)
-    assert event["kind"] == "preempted" and event["fit"] is False and event["grace_s"] == 30
+    (event,) = events_of(tmp_path, "preempted")
+    assert event["fit"] is False and event["grace_s"] == 30
+
+
+@pytest.mark.parametrize("stop_signal", ["USR2", "TERM"])
+def test_a_stop_signal_to_the_whole_batch_step_as_the_supervisor_starts_requeues_it(
+    tmp_path: Path, stubs: Path, stop_signal: str
+) -> None:
+    """Slurm delivers --signal=B:SIG to every process of the batch step: the supervisor, still starting, ignores
+    it (it would die of it: a crash, no save) and finds the stop the shell recorded once it handles signals."""
+    ran = tmp_path / "step-ran"
+    script = write_script(tmp_path, ["touch", str(ran)], None, f"resilience.signal={stop_signal}")
+    proc = subprocess.Popen(
+        ["bash", str(script)],
+        env=environ(tmp_path, stubs, None),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not supervisor_started(proc.pid):
+            assert time.monotonic() < deadline and proc.poll() is None, "the supervisor never started"
+            time.sleep(0.005)
+        os.killpg(proc.pid, signal.Signals[f"SIG{stop_signal}"])
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == ExitCode.REQUEUE, err
+    assert b"a stop was requested before the supervisor was armed" in err
+    assert not ran.exists()
+    assert requeued(tmp_path) == ["4242"]
+    assert [e["exit_code"] for e in events_of(tmp_path, "requeue")] == [ExitCode.REQUEUE]
+
+
+def supervisor_started(pid: int) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return any("air_hpc.launch.supervisor" in c.cmdline() for c in psutil.Process(pid).children(recursive=True))
+    return False

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
@@ -76,6 +77,9 @@ def test_a_dead_node_is_blamed_before_the_survivor_that_failed_first() -> None:
     # The watchdog's suspects (on the bad-node list) win over srun's first line; nodes off the step never count.
     assert failed_nodes(StepResult(143, 86, survivor, (), False), hosts, ("n4", "n9")) == ("n4",)
     assert failed_nodes(StepResult(143, 86, survivor, (), False), hosts, ()) == ()
+    # Without spares only a dead node is blamed: a requeue on the same live nodes is as good as any.
+    assert failed_nodes(StepResult(1, None, survivor, ("n4",), False), hosts, (), with_spares=False) == ("n4",)
+    assert failed_nodes(StepResult(1, None, survivor, (), False), hosts, ("n4",), with_spares=False) == ()
 
 
 def test_the_spare_nearest_the_failed_node_takes_its_ranks() -> None:
@@ -142,12 +146,14 @@ if plan[attempt] == "sleep":
         open(os.path.join(armed, f"armed-{rank}"), "w").close()
     time.sleep(300)
 print(f"srun: error: {hosts[-1]}: task {len(hosts) - 1}: Killed", file=sys.stderr, flush=True)
+if plan[attempt] == "stuck":  # srun waiting on a dead node: it never returns by itself
+    time.sleep(300)
 sys.exit(137)
 """
 
 
-def supervised(tmp_path: Path, small_corpus: Path, plan_: str) -> tuple[Supervisor, RunDir, Path]:
-    job = job_in(tmp_path, small_corpus, "resources.spare_nodes=2", "health.preflight=false")
+def supervised(tmp_path: Path, small_corpus: Path, plan_: str, spares: int = 2) -> tuple[Supervisor, RunDir, Path]:
+    job = job_in(tmp_path, small_corpus, f"resources.spare_nodes={spares}", "health.preflight=false")
     run_dir = RunDir.of(job)
     run_dir.path.mkdir(parents=True)
     run_dir.write_job(job)
@@ -159,7 +165,7 @@ def supervised(tmp_path: Path, small_corpus: Path, plan_: str) -> tuple[Supervis
     environ = {
         **os.environ,
         "SLURM_JOB_ID": "7",
-        "SLURM_JOB_NODELIST": "n[3-6]",
+        "SLURM_JOB_NODELIST": f"n[3-{4 + spares}]",
         "SLURM_HOSTFILE": str(hostfile),
         "LOG": str(log),
         "RUN": str(run_dir.path),
@@ -201,6 +207,37 @@ def test_a_dead_node_found_by_the_probe_is_replaced(tmp_path: Path, small_corpus
     assert sup.run() == ExitCode.OK
     assert log.read_text().splitlines()[1].startswith("1 n5 n5 n4 n4 n5")  # rank 0's host moved: MASTER_ADDR too
     assert "node death" in run_dir.bad_nodes.read_text()
+
+
+def test_without_spares_a_dead_node_ends_srun_at_once_and_is_kept_out(tmp_path: Path, small_corpus: Path) -> None:
+    """srun waits for slurmctld to time a dead node out; the probe's verdict ends it and asks for a requeue."""
+    sup, run_dir, log = supervised(tmp_path, small_corpus, "stuck,ok", spares=0)
+    probed: list[tuple[str, ...]] = []
+
+    def probe(hosts: Sequence[str]) -> tuple[str, ...]:
+        probed.append(tuple(hosts))
+        return ("n4",)
+
+    sup.probe = probe
+    started = time.monotonic()
+    assert sup.run() == ExitCode.UNHEALTHY  # requeue-worthy: the batch script requeues without n4
+    assert time.monotonic() - started < 30 and probed == [("n3", "n4")]
+    assert len(log.read_text().splitlines()) == 1  # no in-job restart without a spare
+    assert read_bad_nodes(run_dir.bad_nodes) == ("n4",) and "node death" in run_dir.bad_nodes.read_text()
+    events = read_events(run_dir.events)
+    assert [e["kind"] for e in events] == ["step_started", "step_ended", "node_dead"]
+    assert events[1]["dead_nodes"] == ["n4"] and events[2]["nodes"] == ["n4"]
+
+
+def test_without_spares_a_crashed_rank_on_a_live_node_is_handed_back_unchanged(
+    tmp_path: Path, small_corpus: Path
+) -> None:
+    """The batch script requeues it as crashed, on the same nodes: a live node is not put on the bad-node list."""
+    sup, run_dir, log = supervised(tmp_path, small_corpus, "crash,ok", spares=0)
+    assert sup.run() == 137
+    assert len(log.read_text().splitlines()) == 1
+    assert not run_dir.bad_nodes.exists() or read_bad_nodes(run_dir.bad_nodes) == ()
+    assert [e["kind"] for e in read_events(run_dir.events)] == ["step_started", "step_ended"]
 
 
 def start_supervisor(tmp_path: Path, small_corpus: Path) -> tuple[subprocess.Popen[bytes], psutil.Process]:
