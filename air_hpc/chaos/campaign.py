@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from air_hpc.chaos.inject import INJECTORS, InjectionError, Target, check_cluster, check_kinds
+from air_hpc.chaos.inject import INJECTORS, InjectionError, NodeControl, Target, check_cluster
 from air_hpc.chaos.outcome import CampaignResult, Injection, outcomes
 from air_hpc.chaos.schedule import NO_RESTART_KINDS, Fault, plan
 from air_hpc.config.load import load_job
@@ -162,10 +162,12 @@ def _cancel(client: SlurmClient, job_ids: Sequence[str]) -> None:
 
 
 def run_campaign(
-    campaign: Campaign, client: SlurmClient, on_fault: Callable[[Injection], None] = lambda _: None
+    campaign: Campaign,
+    client: SlurmClient,
+    on_fault: Callable[[Injection], None] = lambda _: None,
+    node_control: NodeControl | None = None,
 ) -> tuple[CampaignResult, Sequence[Injection], RunDir, RunDir]:
-    """Submit both copies, inject the schedule into one, wait for both to end, compare."""
-    check_kinds(campaign.kinds)
+    """Submit both copies, inject the schedule into one, wait for both to end, compare; killed nodes come back."""
     check_cluster(campaign.kinds, client)
     reference_job, chaos_job = _jobs(campaign)
     faults = plan(campaign.kinds, campaign.count, campaign.seed, chaos_job.train.steps)
@@ -179,6 +181,7 @@ def run_campaign(
         signal=chaos_job.resilience.signal,
         nodes=chaos_job.resources.nodes,
         rng=random.Random(campaign.seed),
+        node_control=node_control,
     )
     try:
         injections = _strike(campaign, faults, target, on_fault)
@@ -187,6 +190,10 @@ def run_campaign(
     except BaseException:
         _cancel(client, (chaos.job_id, reference.job_id))
         raise
+    finally:
+        for node in target.killed:
+            if node_control is not None:
+                node_control.restart_node(node)
     records = load_records(run_dir)
     mine, theirs = build_report(records), build_report(load_records(RunDir(reference.run_dir)))
     result = CampaignResult(

@@ -11,13 +11,15 @@ import random
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import psutil
 
 from air_hpc.errors import AirHpcError, UserError
 from air_hpc.records.rundir import RunDir
+from air_hpc.slurm import hostlist
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.cluster import SINFO_ARGS, parse_sinfo_groups
 from air_hpc.slurm.env import SlurmEnv
@@ -48,6 +50,14 @@ class RankProcess:
             raise InjectionError(f"rank {self.rank}: PID {self.pid} is gone") from exc
 
 
+class NodeControl(Protocol):
+    """Power a testbed node off and on (:class:`air_hpc.testbed.Testbed`)."""
+
+    def kill_node(self, name: str) -> list[int]: ...
+
+    def restart_node(self, name: str, timeout_s: float = 60.0) -> None: ...
+
+
 @dataclass(frozen=True)
 class Target:
     job_id: str
@@ -57,6 +67,9 @@ class Target:
     """resilience.signal, e.g. ``USR2``."""
     nodes: int
     rng: random.Random
+    node_control: NodeControl | None = None
+    killed: list[str] = field(default_factory=list)
+    """Nodes ``node-kill`` powered off, for the campaign to bring back when it ends."""
 
 
 def rank_processes(job_id: str) -> list[RankProcess]:
@@ -152,7 +165,22 @@ def _saving(checkpoints: Path) -> bool:
     return checkpoints.is_dir() and any(p.name.startswith(".tmp-step_") for p in checkpoints.iterdir())
 
 
+def node_kill(target: Target) -> str:
+    """Power loss on one node of the job other than the batch host: its slurmd and every process it started die."""
+    if target.node_control is None:
+        raise InjectionError("node-kill needs the testbed's node control")
+    status = target.client.job_status(target.job_id)
+    hosts = hostlist.expand(status.nodelist, "the job's node list") if status and status.nodelist else []
+    if len(hosts) < 2:
+        raise InjectionError(f"job {target.job_id}: no node to kill beside the batch host ({hosts or 'none'})")
+    node = target.rng.choice(hosts[1:])  # Slurm runs the batch shell on the allocation's first node
+    pids = target.node_control.kill_node(node)
+    target.killed.append(node)
+    return f"node {node}: slurmd and {len(pids) - 1} process(es) it started killed"
+
+
 INJECTORS: dict[str, Callable[[Target], str]] = {
+    "node-kill": node_kill,
     "preempt": preempt,
     "slurm-preempt": slurm_preempt,
     "rank-kill": rank_kill,
@@ -160,17 +188,6 @@ INJECTORS: dict[str, Callable[[Target], str]] = {
     "straggler": straggler,
     "ckpt-kill": ckpt_kill,
 }
-
-
-#: Kinds no injector can strike on the testbed yet, with why.
-UNSUPPORTED: dict[str, str] = {"node-kill": "the testbed cannot restart a killed node's slurmd yet"}
-
-
-def check_kinds(kinds: tuple[str, ...]) -> None:
-    """Refuse, before anything runs, kinds no injector here can strike."""
-    for kind in kinds:
-        if kind in UNSUPPORTED:
-            raise UserError(f"--faults {kind}: unsupported on this testbed ({UNSUPPORTED[kind]})")
 
 
 def check_cluster(kinds: tuple[str, ...], client: SlurmClient) -> None:

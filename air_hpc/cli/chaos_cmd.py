@@ -43,13 +43,11 @@ def chaos(
     fault, and every logged loss and the final weights equal the reference's.
     """
     from air_hpc.chaos.campaign import Campaign, run_campaign, testbed_job
-    from air_hpc.chaos.inject import check_kinds
     from air_hpc.chaos.outcome import format_result
     from air_hpc.chaos.schedule import parse_kinds, plan
     from air_hpc.testbed import Testbed
 
     kinds = parse_kinds(faults_text)
-    check_kinds(kinds)
     plan(
         kinds, count, seed, testbed_job(Path(job_file), overrides).train.steps
     )  # bad input fails before the testbed starts
@@ -62,7 +60,7 @@ def chaos(
             hit = injection.target or f"not injected: {injection.missed}"
             click.echo(f"fault {injection.fault.number} {injection.fault.kind}: {hit}", err=True)
 
-    result, _, run_dir, reference = run_campaign(campaign, bed.client(), announce)
+    result, _, run_dir, reference = run_campaign(campaign, bed.client(), announce, node_control=bed)
     if as_json:
         echo_json({**result.to_json(), "run_dir": str(run_dir.path), "reference_run_dir": str(reference.path)})
     else:

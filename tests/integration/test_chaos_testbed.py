@@ -1,4 +1,4 @@
-"""``air-hpc chaos`` on the real testbed: a preemption and a hung rank, and nothing lost.
+"""``air-hpc chaos`` on the real testbed: a preemption, a hung rank, a killed rank, a dead node; nothing lost.
 
 The command runs the job twice at once (one copy untouched), signals the batch
 shell of the other, then freezes one of its ranks so the watchdog stops the step
@@ -12,7 +12,12 @@ from typing import Any
 
 import pytest
 
+from air_hpc.health.badnodes import read_bad_nodes
 from air_hpc.records.events import read_events
+from air_hpc.records.jsonl import read_jsonl
+from air_hpc.records.rundir import RunDir
+from air_hpc.slurm import hostlist
+from air_hpc.slurm.nodes import fetch_sinfo_states
 from air_hpc.train import data
 from tests.unit.test_cli import run_main
 
@@ -72,3 +77,25 @@ def test_a_killed_rank_without_spares_resumes_from_its_checkpoint(
     assert fault["kind"] == "rank-kill" and fault["resumed_from_step"] is not None
     requeues = [e for e in read_events(Path(result["run_dir"]) / "events.jsonl") if e["kind"] == "requeue"]
     assert [e["reason"] for e in requeues] == ["crashed"]
+
+
+def test_a_dead_node_without_spares_is_blamed_and_the_run_resumes_elsewhere(
+    testbed: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Power loss on a node (its slurmd and every process it started): the supervisor's probe finds the dead
+    node, ends srun, the node goes on the bad-node list, and the job, requeued by its batch script long before
+    slurmctld times the node out, resumes on other nodes; the node comes back."""
+    args = ["chaos", str(REPO / "configs/jobs/gpt-tiny-testbed.yaml"), "--faults", "node-kill", "--count", "1"]
+    args += ["--seed", "3", "--state-dir", str(testbed.state_dir), "--json", "--timeout-s", "400"]
+    code, out, err = run_main([*args, *(a for o in overrides_for(tmp_path) for a in ("--set", o))], capsys)
+    result = json.loads(out)
+    assert code == 0, (out, err)
+    assert result["nothing_lost"] and result["losses_equal"] and result["weights_equal"]
+    run_dir = RunDir(Path(result["run_dir"]))
+    (dead,) = read_bad_nodes(run_dir.bad_nodes)
+    events = read_events(run_dir.events)
+    assert [e["nodes"] for e in events if e["kind"] == "node_dead"] == [[dead]]
+    assert [e["reason"] for e in events if e["kind"] == "requeue"] == ["requeue-worthy"]
+    starts = [r["nodelist"] for r in read_jsonl(run_dir.submissions) if r.get("kind") == "started"]
+    assert len(starts) == 2 and dead not in hostlist.expand(starts[1], "started"), starts
+    assert fetch_sinfo_states(testbed.client)[dead].rstrip("*~#") in {"idle", "allocated", "mixed"}

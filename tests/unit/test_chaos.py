@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from air_hpc.chaos.campaign import Campaign, CampaignError, run_campaign
-from air_hpc.chaos.inject import check_cluster, check_kinds
+from air_hpc.chaos.inject import check_cluster
 from air_hpc.chaos.outcome import CampaignResult, Injection, fault_outcome, format_result, outcomes
 from air_hpc.chaos.schedule import FAULT_KINDS, Fault, parse_kinds, plan
 from air_hpc.errors import UserError
@@ -57,11 +57,7 @@ def test_a_negative_count_or_a_one_step_run_is_a_user_error() -> None:
         plan(("preempt",), 1, seed=1, total_steps=1)
 
 
-def test_node_kill_is_refused_and_slurm_preempt_needs_the_urgent_partition() -> None:
-    with pytest.raises(UserError, match="--faults node-kill: unsupported"):
-        check_kinds(("preempt", "node-kill"))
-    check_kinds(("preempt", "rank-kill", "hang", "straggler", "ckpt-kill", "slurm-preempt"))
-
+def test_slurm_preempt_needs_the_urgent_partition() -> None:
     class Sinfo(SlurmClient):
         def __init__(self, text: str) -> None:
             super().__init__(env={})
@@ -196,7 +192,6 @@ def test_nothing_lost_needs_completion_recovery_and_bit_for_bit_equality() -> No
     [
         (["--faults", "preempt,meteor", "--count", "2"], "unknown fault kind(s) 'meteor'"),
         (["--faults", "preempt", "--count", "-1"], "--count -1: expected 0 or more faults"),
-        (["--faults", "node-kill", "--count", "1"], "--faults node-kill: unsupported on this testbed"),
     ],
 )
 def test_chaos_bad_input_is_one_line_and_exit_2(
