@@ -83,8 +83,9 @@ def test_gpt_tiny_on_two_nodes_survives_a_preemption_bit_for_bit(testbed: Any, t
     assert len(hosts) == 2, hosts
 
 
-def signal_as_it_starts(testbed: Any, submission: Submission, delay_s: float) -> float:
-    """Send USR2 to the batch shell ``delay_s`` after the job turns RUNNING; returns when it was sent."""
+def signal_as_it_starts(testbed: Any, submission: Submission, delay_s: float | None) -> float:
+    """Send USR2 to the batch shell ``delay_s`` after the job turns RUNNING, or (None) the moment its first rank
+    is armed (a fixed delay would race a two-step run on an idle machine); returns when it was sent."""
     deadline = time.monotonic() + 120
     while True:
         status = testbed.client.job_status(submission.job_id)
@@ -92,7 +93,12 @@ def signal_as_it_starts(testbed: Any, submission: Submission, delay_s: float) ->
             break
         assert time.monotonic() < deadline, f"job {submission.job_id} did not start: {status}"
         time.sleep(0.02)
-    time.sleep(delay_s)
+    if delay_s is None:
+        while not any(RunDir(submission.run_dir).heartbeat.glob("*/armed-[0-9]*")):
+            assert time.monotonic() < deadline, f"job {submission.job_id}: no rank armed"
+            time.sleep(0.02)
+    else:
+        time.sleep(delay_s)
     testbed.client.scancel(submission.job_id, signal="USR2", batch=True)
     return time.time()
 
@@ -101,7 +107,7 @@ def test_a_stop_signal_as_the_job_starts_ends_in_a_requeue_never_failed(
     testbed: Any, tmp_path: Path, small_corpus: Path
 ) -> None:
     """The batch shell traps the signal on its first line; ranks hold it until their handler exists."""
-    delays_s = (0.0, 1.5, 8.0)  # the batch shell's first lines, ranks importing, ranks arming or armed
+    delays_s = (0.0, 1.5, None)  # the batch shell's first lines, ranks importing, the first rank armed
     runs = []
     for index in range(len(delays_s)):
         job = load_job(
