@@ -44,6 +44,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -72,8 +73,10 @@ log = logging.getLogger(__name__)
 
 #: After the backstop's SIGTERM, ``srun`` gets this long before SIGKILL.
 STOP_GRACE_S = 30.0
-#: How often the supervisor looks at the step, its heartbeats and its stderr.
-POLL_S = 0.2
+#: How often the supervisor looks at the step and its stderr: a stop or a dead node is passed on within this.
+POLL_S = 0.05
+#: How often it reads the ranks' heartbeat files (one stat per rank: cheap here, not on a shared filesystem).
+STALE_CHECK_S = 1.0
 
 _TASK_FAILURE = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? (?P<tasks>[0-9,\-]+): (?P<reason>.+?)\s*$")
 
@@ -301,43 +304,21 @@ class Supervisor:
         hosts = unique(rank_hosts)
         started = time.time()
         self._emit("step_started", attempt=attempt, generation=gen_dir.name, nodes=compress(hosts), spares=list(spares))
-        failure: list[TaskFailure] = []
+        failures: list[TaskFailure] = []
         self._proc = subprocess.Popen(
             argv, env=env, stderr=subprocess.PIPE, text=True, errors="replace", preexec_fn=_die_with_parent
         )
-        reader = threading.Thread(target=_copy_stderr, args=(self._proc.stderr, failure), daemon=True)
+        reader = threading.Thread(target=_copy_stderr, args=(self._proc.stderr, failures), daemon=True)
         reader.start()
-        dead: tuple[str, ...] = ()
-        probed = False
-        hung = False
-        kill_at: float | None = None
-        passed_on = False
-        while (rc := self._proc.poll()) is None:
-            time.sleep(POLL_S)
-            if self.stopping and not passed_on:
-                passed_on = True
-                self._pass_on_stop(gen_dir)
-            if failure and not probed and not self.stopping:
-                probed = True
-                dead = self.probe(hosts)
-                if dead:
-                    log.warning("node(s) %s do not answer; ending the step", compress(dead))
-                    self._proc.kill()
-            if not hung and self._stale(gen_dir):
-                hung = True
-                log.warning("no rank made progress for %d s; stopping the step as hung", self.backstop_s)
-                write_exit_code(gen_dir, ExitCode.HUNG)
-                self._proc.terminate()
-                kill_at = time.monotonic() + STOP_GRACE_S
-            if kill_at is not None and time.monotonic() > kill_at:
-                self._proc.kill()
-        reader.join(timeout=5)
-        self._proc = None
-        if rc < 0:  # killed by a signal: report it as a shell would (128 + signal)
-            rc = 128 - rc
-        if rc and not probed and not self.stopping:
-            dead = self.probe(hosts)
-        result = StepResult(rc, read_exit_code(gen_dir), failure[0] if failure else None, dead, hung)
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe")
+        try:
+            rc, probing, hung = self._watch(self._proc, gen_dir, hosts, failures, pool)
+            reader.join(timeout=5)
+            self._proc = None
+            dead = self._dead_after(rc, hosts, failures, probing)
+        finally:
+            pool.shutdown(wait=False)  # a probe no longer needed ends by its own timeout
+        result = StepResult(rc, read_exit_code(gen_dir), failures[0] if failures else None, dead, hung)
         self._emit(
             "step_ended",
             attempt=attempt,
@@ -349,6 +330,54 @@ class Supervisor:
             elapsed_s=round(time.time() - started, 3),
         )
         return result
+
+    def _watch(
+        self,
+        proc: "subprocess.Popen[str]",
+        gen_dir: Path,
+        hosts: Sequence[str],
+        failures: list[TaskFailure],
+        pool: ThreadPoolExecutor,
+    ) -> tuple[int, "Future[tuple[str, ...]] | None", bool]:
+        """Until ``srun`` ends: pass a stop on, probe the nodes once a task failed (ending the step at once when
+        one is dead), stop the step when every rank is frozen. Returns srun's code, the probe, whether hung."""
+        probing: Future[tuple[str, ...]] | None = None
+        hung = passed_on = False
+        kill_at: float | None = None
+        stale_at = time.monotonic() + STALE_CHECK_S
+        while (rc := proc.poll()) is None:
+            time.sleep(POLL_S)
+            if self.stopping and not passed_on:
+                passed_on = True
+                self._pass_on_stop(gen_dir)
+            if failures and probing is None and not self.stopping:
+                probing = pool.submit(self.probe, hosts)  # beside srun's own teardown, not after it
+            if probing is not None and probing.done() and probing.result() and kill_at is None:
+                log.warning("node(s) %s do not answer; ending the step now", compress(probing.result()))
+                kill_at = time.monotonic()  # srun would wait for slurmctld to time the node out
+            if not hung and time.monotonic() > stale_at:
+                stale_at = time.monotonic() + STALE_CHECK_S
+                if self._stale(gen_dir):
+                    hung = True
+                    log.warning("no rank made progress for %d s; stopping the step as hung", self.backstop_s)
+                    write_exit_code(gen_dir, ExitCode.HUNG)
+                    proc.terminate()
+                    kill_at = time.monotonic() + STOP_GRACE_S
+            if kill_at is not None and time.monotonic() >= kill_at:
+                proc.kill()
+        return (128 - rc if rc < 0 else rc), probing, hung  # killed by a signal: 128 + signal, as a shell says
+
+    def _dead_after(
+        self, rc: int, hosts: Sequence[str], failures: Sequence[TaskFailure], probing: "Future[tuple[str, ...]] | None"
+    ) -> tuple[str, ...]:
+        """The dead nodes of a step that failed. A node whose stepd reported a task's end was alive: when every
+        node did, srun's own teardown is the verdict and the probe is not waited for."""
+        if not rc or self.stopping:
+            return ()
+        if probing is None:
+            return self.probe(hosts)
+        reported = {f.node for f in failures}
+        return probing.result() if any(h not in reported for h in hosts) else ()
 
     def _step_env(self, attempt: int, rank_hosts: Sequence[str]) -> dict[str, str]:
         tmp = self.hostfile.with_name(f".{self.hostfile.name}.tmp")
@@ -398,13 +427,13 @@ class Supervisor:
 
 
 def _copy_stderr(stream: IO[str] | None, failures: list[TaskFailure]) -> None:
-    """Pass srun's stderr through to the batch log and remember the first failed task."""
+    """Pass srun's stderr through to the batch log and remember every failed task, the first one first."""
     if stream is None:
         return
     for line in stream:
         sys.stderr.write(line)
         sys.stderr.flush()
-        if not failures and (failure := parse_task_failure(line)) is not None:
+        if (failure := parse_task_failure(line)) is not None:
             failures.append(failure)
 
 

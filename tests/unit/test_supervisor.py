@@ -146,6 +146,9 @@ if plan[attempt] == "sleep":
         open(os.path.join(armed, f"armed-{rank}"), "w").close()
     time.sleep(300)
 print(f"srun: error: {hosts[-1]}: task {len(hosts) - 1}: Killed", file=sys.stderr, flush=True)
+if plan[attempt] == "teardown":  # srun's own teardown: every node's stepd reports its tasks
+    for task, host in enumerate(hosts[:-1]):
+        print(f"srun: error: {host}: task {task}: Terminated", file=sys.stderr, flush=True)
 if plan[attempt] == "stuck":  # srun waiting on a dead node: it never returns by itself
     time.sleep(300)
 sys.exit(137)
@@ -238,6 +241,21 @@ def test_without_spares_a_crashed_rank_on_a_live_node_is_handed_back_unchanged(
     assert len(log.read_text().splitlines()) == 1
     assert not run_dir.bad_nodes.exists() or read_bad_nodes(run_dir.bad_nodes) == ()
     assert [e["kind"] for e in read_events(run_dir.events)] == ["step_started", "step_ended"]
+
+
+def test_when_every_node_reported_its_tasks_the_probe_is_not_waited_for(tmp_path: Path, small_corpus: Path) -> None:
+    """A node whose stepd reported a task's end is alive: after srun's own teardown there is nothing to probe."""
+    sup, run_dir, _ = supervised(tmp_path, small_corpus, "teardown", spares=0)
+
+    def slow_probe(hosts: Sequence[str]) -> tuple[str, ...]:
+        time.sleep(3)
+        return ("n3",)
+
+    sup.probe = slow_probe
+    started = time.monotonic()
+    assert sup.run() == 137
+    assert time.monotonic() - started < 2.5
+    assert [e["dead_nodes"] for e in read_events(run_dir.events) if e["kind"] == "step_ended"] == [[]]
 
 
 def start_supervisor(tmp_path: Path, small_corpus: Path) -> tuple[subprocess.Popen[bytes], psutil.Process]:
