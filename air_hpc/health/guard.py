@@ -67,7 +67,7 @@ def rank_guard(
 
 
 def heartbeat_file_interval_s(limits: PhaseLimits) -> float:
-    """A quarter of the shortest limit, at most 30 s: files fresh enough for the batch script's backstop."""
+    """A quarter of the shortest limit, at most 30 s: files fresh enough for the supervisor's backstop."""
     return min(30.0, limits.shortest_s / 4)
 
 

@@ -25,8 +25,8 @@ Why each check:
   failed, every node of the step is probed with a tiny ``srun --overlap``; a
   node that does not answer in :data:`PROBE_TIMEOUT_S` is dead, and ``srun`` is
   ended instead of waiting for Slurm to time the node out.
-- A step where no rank beats for the backstop time (every process frozen) is
-  stopped as hung, like the batch script's backstop without spares.
+- A step where no rank beats for the backstop time (every process frozen, or
+  the filesystem gone) is stopped as hung: the backstop to the ranks' own watchdogs.
 
 A stop signal (preemption, time limit) is forwarded to ``srun``; the step then
 saves and exits with its requeue code, which goes back to the batch script:
