@@ -94,7 +94,7 @@ def test_a_slowed_node_is_reported_and_left_out_of_the_next_start(testbed: Any, 
     done = submit(job, "slurm", testbed.client)
     run = RunDir(done.run_dir)
     wait_for("the first step", lambda: read_metrics(run.metrics), timeout_s=240, poll_s=0.5)
-    beats = read_beats(generation_dir(run, f"{done.job_id}-0"))
+    beats = read_beats(generation_dir(run, f"{done.job_id}-0.0"))
     assert len(beats) == 4, beats
     slow = beats[0].host
     processes = rank_processes(beats, slow)

@@ -137,7 +137,7 @@ def test_unhealthy_node_is_recorded_and_excluded_on_requeue(testbed: Any, tmp_pa
     unhealthy = [e for e in read_events(run_dir.events) if e["kind"] == "unhealthy"]
     assert [(e["node"], e["failed"]) for e in unhealthy] == [(bad, {"infiniband": "mlx5_0:2 is Down/Disabled"})]
     batch_err = "".join(p.read_text() for p in run_dir.logs.glob("slurm-*.err"))
-    assert "the ranks' verdict is 87" in batch_err and f"avoids bad node(s) {bad}" in batch_err
+    assert "step exited 87 (requeue-worthy); requeue 1 of 2" in batch_err and f"avoids bad node(s) {bad}" in batch_err
     assert "not in this allocation; its ranks run on" in batch_err
     # Later runs of the same config leave it out too.
     later = plan(job).request
@@ -152,7 +152,7 @@ def test_batch_script_stops_a_step_whose_ranks_all_froze(testbed: Any, tmp_path:
     assert state == str(JobState.COMPLETED) and len(starts) == 2, starts
     batch_err = "".join(p.read_text() for p in run_dir.logs.glob("slurm-*.err"))
     assert "no rank made progress for 6 s; stopping the step as hung" in batch_err
-    assert "the ranks' verdict is 86" in batch_err and "requeue 1 of 2" in batch_err
+    assert "step exited 86 (requeue-worthy); requeue 1 of 2" in batch_err
     # Nobody could say which node froze: none is blamed.
     assert read_bad_nodes(run_dir.bad_nodes) == ()
 
@@ -205,7 +205,7 @@ def test_hung_rank_in_the_real_trainer_is_detected_excluded_and_the_run_finishes
     run_dir = RunDir.of(job)
     starts = [row["nodelist"] for row in read_jsonl(run_dir.submissions) if row.get("kind") == "started"]
     assert str(status.state) == str(JobState.COMPLETED), starts
-    first_start = run_dir.heartbeat / f"{done.job_id}-0"
+    first_start = run_dir.heartbeat / f"{done.job_id}-0.0"  # the supervisor's first step attempt
     hung_beat = json.loads((first_start / f"rank-{hang_rank:05d}.json").read_text())
     events = read_events(run_dir.events)
     (hang,) = [e for e in events if e["kind"] == "hang"]
