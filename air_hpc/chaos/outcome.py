@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 from air_hpc.chaos.schedule import NO_RESTART_KINDS, Fault
 from air_hpc.observe.compare import Comparison
-from air_hpc.observe.records import RESUME_KIND, START_KIND, RunRecords
+from air_hpc.observe.records import RESUME_KIND, START_KIND, STARTUP_KIND, RunRecords
 
 #: Events that show the job noticed a fault (the batch shell, the ranks' stop, the watchdog, the requeue).
 DETECTION_KINDS = frozenset(
@@ -97,13 +97,17 @@ def fault_outcome(records: RunRecords, injection: Injection, until_s: float) -> 
     restart = next((e for e in events if e.kind == START_KIND), None)
     after = [s for s in records.steps if s.time_s is not None and since < s.time_s < until_s]
     if restart is None:  # recovered only if the kind needs no restart: then the first step after it counts
-        first = after[0] if after and injection.fault.kind in NO_RESTART_KINDS else None
+        first_s = after[0].time_s if after and injection.fault.kind in NO_RESTART_KINDS else None
         resumed_from, lost = None, 0
     else:
         resume = next((e for e in events if e.kind == RESUME_KIND and e.time_s >= restart.time_s), None)
         step = resume.number("step") if resume else None
         resumed_from = int(step) if step is not None else 0  # no resume event: started from scratch
-        first = next((s for s in after if s.time_s is not None and s.time_s > restart.time_s), None)
+        first_step = next((s.time_s for s in after if s.time_s is not None and s.time_s > restart.time_s), None)
+        # The restart's own record of its first step: metrics of steps a later fault made the run train again
+        # are dropped at that resume, but events are never rewritten.
+        startup = next((e.time_s for e in events if e.kind == STARTUP_KIND and e.time_s > restart.time_s), None)
+        first_s = min((t for t in (first_step, startup) if t is not None), default=None)
         before = [s.step for s in records.steps if s.time_s is not None and s.time_s < restart.time_s]
         lost = max(max(before, default=0), injection.step) - resumed_from
     return FaultOutcome(
@@ -112,7 +116,7 @@ def fault_outcome(records: RunRecords, injection: Injection, until_s: float) -> 
         target=injection.target,
         injected_s=since,
         detected_after_s=detected,
-        resumed_after_s=None if first is None or first.time_s is None else first.time_s - since,
+        resumed_after_s=None if first_s is None else first_s - since,
         resumed_from_step=resumed_from,
         steps_lost=max(lost, 0),
     )

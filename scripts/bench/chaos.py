@@ -102,7 +102,14 @@ def main() -> None:
     goodput, reference = result["goodput"], result["reference_goodput"]
     if goodput and reference:
         print(f"goodput chaos / reference: {goodput / reference:.2f}")
-    print("nothing lost" if result["nothing_lost"] else "LOST: losses or weights differ from the reference")
+    if result["nothing_lost"]:
+        print("nothing lost")
+        return
+    why = [f"final state {result['final_state']}"] if result["final_state"] != "COMPLETED" else []
+    why += [f"{len(result['faults']) - recovered} fault(s) not recovered"] if recovered < result["scheduled"] else []
+    why += [] if result["losses_equal"] else ["losses differ from the reference"]
+    why += [] if result["weights_equal"] else [f"weights differ: {result['weights_note']}"]
+    print(f"LOST: {'; '.join(why)}")
 
 
 if __name__ == "__main__":

@@ -140,6 +140,28 @@ def test_a_killed_rank_is_detected_resumed_and_its_steps_since_the_checkpoint_co
     assert (outcome.resumed_from_step, outcome.steps_lost) == (3, 1)
 
 
+def test_a_resume_a_later_fault_trained_again_still_counts_as_recovered() -> None:
+    """Fault 1's restart trained steps 4-5, fault 2 struck and its resume dropped their metrics: the startup
+    event (never rewritten) still shows fault 1 recovered (the campaign said 'not recovered', 'LOST')."""
+    records = _records(
+        [(1, 101.0), (2, 102.0), (3, 103.0), (4, 161.0), (5, 162.0)],
+        [
+            {"time": 103.5, "kind": "checkpoint_saved", "step": 3},
+            {"time": 104.9, "kind": "requeue", "exit_code": 137},
+            {"time": 129.0, "kind": "start", "generation": "7-1"},
+            {"time": 130.0, "kind": "resume", "step": 3},
+            {"time": 131.0, "kind": "startup", "step": 4},
+            {"time": 140.0, "kind": "requeue", "exit_code": 86},
+            {"time": 158.0, "kind": "start", "generation": "7-2"},
+            {"time": 159.0, "kind": "resume", "step": 3},
+            {"time": 161.0, "kind": "startup", "step": 4},
+        ],
+    )
+    first, second = outcomes(records, [_injection(1, "rank-kill", 104.5), _injection(2, "hang", 134.0)])
+    assert first.resumed_after_s == pytest.approx(26.5) and first.resumed_from_step == 3
+    assert second.resumed_after_s == pytest.approx(27.0) and second.resumed_from_step == 3
+
+
 def test_a_restart_without_a_usable_checkpoint_lost_every_step_reached() -> None:
     """The restarted run dropped the metrics it trained again: the step reached when the fault struck counts."""
     records = _records(
