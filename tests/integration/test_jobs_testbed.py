@@ -39,6 +39,8 @@ AIR_HPC = str(REPO / ".venv" / "bin" / "air-hpc")
 PAYLOAD = """
 import os, signal, socket, sys, time
 from pathlib import Path
+from air_hpc.records.generation import generation, generation_dir
+from air_hpc.records.rundir import RunDir
 
 mode, run_dir, requeue_code = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
@@ -48,7 +50,8 @@ if mode == "quick" or (mode == "requeue" and restart > 0):
     sys.exit(0)
 got = []
 signal.signal(signal.SIGUSR2, lambda *_: got.append(1))
-armed = run_dir / "heartbeat" / f"{os.environ['SLURM_JOB_ID']}-{restart}"  # the batch shell forwards to armed ranks
+# The supervisor forwards a stop to armed ranks, in this step attempt's directory.
+armed = generation_dir(RunDir(run_dir), generation(os.environ))
 armed.mkdir(parents=True, exist_ok=True)
 (armed / f"armed-{rank}").touch()
 (run_dir / f"ready-{restart}-{rank}").touch()
