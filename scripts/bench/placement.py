@@ -36,21 +36,13 @@ a smoke run, ``--no-slurm`` without the real controller, ``--blocks-only`` for t
 block scenarios alone.
 """
 
-# ruff: noqa: E402
-import os
-import sys
-
-# This file shares its name with the stdlib module ``select``: keep its own folder off the
-# import path, or ``import subprocess`` would import this script instead.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
-
 import argparse
 import functools
 import itertools
 import random
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence

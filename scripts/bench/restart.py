@@ -12,18 +12,12 @@ ratio of the in-job restart to the requeue path (target: in-job <= 10 s on an id
 Usage: ``scripts/bench/restart.py --testbed STATE_DIR [--steps 14] [--interval 3]``.
 """
 
+import argparse
 import os
-import sys
-
-# This directory is sys.path[0] when the script runs, and it holds select.py, which would shadow
-# the standard library's select module (imported by socket and subprocess).
-sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != os.path.dirname(os.path.realpath(__file__))]
-
-import argparse  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "configs" / "jobs" / "gpt-tiny-testbed.yaml"

@@ -25,20 +25,15 @@ Usage: ``scripts/bench/startup.py [--state-dir DIR] [--preflight] [--dir RUNS]``
 defaults to ``$AIR_HPC_TEST_STATE_DIR`` or the testbed's default.
 """
 
+import argparse
 import os
+import statistics
+import subprocess
 import sys
-
-# This directory is sys.path[0] when the script runs, and it holds select.py, which would shadow
-# the standard library's select module (imported by socket and subprocess).
-sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != os.path.dirname(os.path.realpath(__file__))]
-
-import argparse  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "configs/jobs/gpt-tiny-testbed.yaml"
