@@ -1,9 +1,11 @@
 """A run whose every start fails without saving stops with CRASH_LOOP instead of requeueing until the budget ends.
 
-The real rendered batch script and the real trainer on the testbed: every start hangs in setup (the
-watchdog's setup limit is shorter than building the model), so each ends HUNG, requeue-worthy, before a
-checkpoint. After ``resilience.max_no_progress_restarts`` such restarts the next start stops at once with
-the dedicated exit code, which the batch script never requeues, well inside ``resilience.max_restarts``.
+The real rendered batch script and the real trainer on the testbed: on every start a rank crashes in its
+first training step (injected through ``sitecustomize``), before any checkpoint, so each start ends
+crashed and is requeued. After ``resilience.max_no_progress_restarts`` such restarts the next start stops
+at once with the dedicated exit code, which the batch script never requeues, well inside
+``resilience.max_restarts``. (The test used to rely on the watchdog's 1 s setup limit being shorter than
+building the model; since starts got faster the first start sometimes trained and saved before it.)
 """
 
 from pathlib import Path
@@ -28,10 +30,31 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 
+#: Injected through PYTHONPATH into every rank: rank 1 dies in whichever training step it reaches first.
+CRASH_INJECTION = """
+import os, sys, threading, time
+
+def _patch():
+    while not hasattr(sys.modules.get("air_hpc.train.loop"), "StepRunner"):
+        time.sleep(0.02)
+    runner = sys.modules["air_hpc.train.loop"].StepRunner
+
+    def step(self, consumed):
+        os._exit(1)
+
+    runner.step = step
+
+if os.environ.get("SLURM_PROCID") == "1":
+    threading.Thread(target=_patch, daemon=True).start()
+"""
+
 
 def test_restarts_without_progress_stop_with_crash_loop(testbed: Any, tmp_path: Path) -> None:
     corpus = tmp_path / "corpus.h5"
     data.prepare(data.project_sources(), corpus, data.ByteTokenizer())
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(CRASH_INJECTION)
     job = load_job(
         REPO / "configs/jobs/gpt-tiny-testbed.yaml",
         [
@@ -40,7 +63,8 @@ def test_restarts_without_progress_stop_with_crash_loop(testbed: Any, tmp_path: 
             f"data.path={corpus}",
             "placement.topology_aware=false",
             "health.preflight=false",
-            "health.heartbeat_setup_s=1",
+            "checkpoint.interval_steps=30",
+            f"env.PYTHONPATH={inject}",
             "resilience.max_restarts=6",
             "resilience.max_no_progress_restarts=2",
         ],
