@@ -60,7 +60,7 @@ from air_hpc.records.events import EventLog
 from air_hpc.records.generation import STEP_ATTEMPT_ENV, generation, generation_dir, read_exit_code, write_exit_code
 from air_hpc.records.names import ARMED_FILE_PREFIX, BEAT_GLOB, STOP_REQUESTED_FILE, SUPERVISOR_ARMED_FILE
 from air_hpc.records.rundir import RunDir
-from air_hpc.render.spec import STOP_SIGNALS, hang_backstop_s
+from air_hpc.render.spec import STOP_SIGNALS
 from air_hpc.slurm import env as slurm_env
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.env import SlurmEnv
@@ -167,6 +167,12 @@ def block_order(allocated: Sequence[str], bad: Iterable[str], nodes: int, tasks_
     """Ranks on the first ``nodes`` healthy allocated nodes in Slurm's block order, when no placement pinned them."""
     healthy = [n for n in allocated if n not in set(bad)]
     return tuple(n for n in healthy[:nodes] for _ in range(tasks_per_node))
+
+
+def hang_backstop_s(job: JobConfig) -> int:
+    """Twice the longest phase limit: well past the moment every working watchdog has fired."""
+    h = job.health
+    return 2 * max(h.heartbeat_setup_s, h.heartbeat_step_s, h.heartbeat_checkpoint_s)
 
 
 def unique(hosts: Iterable[str]) -> tuple[str, ...]:

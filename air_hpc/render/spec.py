@@ -226,12 +226,6 @@ def _container_mounts(job: JobConfig, run_dir: Path) -> tuple[str, ...]:
     return tuple(sorted({*container.mounts, f"{run_dir}:{run_dir}"}))
 
 
-def hang_backstop_s(job: JobConfig) -> int:
-    """Twice the longest phase limit: well past the moment every working watchdog has fired."""
-    h = job.health
-    return 2 * max(h.heartbeat_setup_s, h.heartbeat_step_s, h.heartbeat_checkpoint_s)
-
-
 def _check_request(job: JobConfig, request: NodeRequest) -> None:
     """A selection must agree with resources.nodes, the single source of truth for the node count."""
     res = job.resources
