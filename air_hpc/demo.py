@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 from air_hpc.config import JobConfig, load_job
 from air_hpc.config.load import PRESETS_DIR
 from air_hpc.errors import AirHpcError
-from air_hpc.launch.control import run_status, watch_run
 from air_hpc.launch.submit import Submission, submit
-from air_hpc.launch.waiting import describe_failure, wait_deadline_s, wait_slurm
 from air_hpc.observe.plot import plot_run
 from air_hpc.observe.records import load_records
 from air_hpc.observe.report import build_report, format_report
+from air_hpc.ops.control import run_status, watch_run
+from air_hpc.ops.waiting import describe_failure, wait_deadline_s, wait_slurm
 from air_hpc.records.jsonl import read_jsonl
 from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.client import SlurmClient

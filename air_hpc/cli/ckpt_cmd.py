@@ -4,7 +4,7 @@ import click
 
 from air_hpc.cli.options import echo_json, json_option, run_argument
 from air_hpc.errors import CheckpointError, UserError
-from air_hpc.launch.runs import resolve_run
+from air_hpc.ops.runs import resolve_run
 from air_hpc.resilience.store import Check, CheckpointInfo, CheckpointStore
 
 #: What each check compares, in the words ``ckpt list`` prints.

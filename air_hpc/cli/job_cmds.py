@@ -14,9 +14,9 @@ from air_hpc.digits import ascii_int
 from air_hpc.errors import UserError
 
 if TYPE_CHECKING:
-    from air_hpc.launch.control import LogSource, RunStatus
     from air_hpc.launch.plan import Plan
     from air_hpc.launch.submit import Submission
+    from air_hpc.ops.control import LogSource, RunStatus
     from air_hpc.records.rundir import RunDir
     from air_hpc.slurm.client import SlurmClient
 
@@ -126,8 +126,8 @@ def _wait_and_summarize(done: "Submission", client: "SlurmClient", as_json: bool
     from rich.console import Console
 
     from air_hpc.errors import TrainingFailed
-    from air_hpc.launch.control import run_status, watch_run
-    from air_hpc.launch.waiting import describe_failure, poll_until, wait_deadline_s, wait_local
+    from air_hpc.ops.control import run_status, watch_run
+    from air_hpc.ops.waiting import describe_failure, poll_until, wait_deadline_s, wait_local
     from air_hpc.records.rundir import RunDir
 
     run_dir = RunDir(done.run_dir)
@@ -189,8 +189,8 @@ def _summary(status: "RunStatus") -> str:
 @json_option
 def status(target: str | None, watch: bool, as_json: bool) -> None:
     """State of a run (directory, name or job file) or a Slurm job id; without one, your queued jobs."""
-    from air_hpc.launch.control import run_status
-    from air_hpc.launch.runs import resolve_run
+    from air_hpc.ops.control import run_status
+    from air_hpc.ops.runs import resolve_run
 
     client = slurm_client()
     if watch and (target is None or as_json):
@@ -221,8 +221,8 @@ def status(target: str | None, watch: bool, as_json: bool) -> None:
     if watch:
         from rich.console import Console
 
-        from air_hpc.launch.control import watch_run
-        from air_hpc.launch.waiting import run_deadline_s
+        from air_hpc.ops.control import watch_run
+        from air_hpc.ops.waiting import run_deadline_s
 
         watch_run(lambda: run_status(run_dir, client), Console(), timeout_s=run_deadline_s(run_dir))
         return
@@ -247,8 +247,8 @@ def status(target: str | None, watch: bool, as_json: bool) -> None:
 @json_option
 def logs(run: str, follow: bool, rank: int | None, pattern: str | None, as_json: bool) -> None:
     """Print a run's output (the batch log, or one rank's), each file under a ``==> file <==`` header."""
-    from air_hpc.launch.control import check_rank, log_sources, run_status
-    from air_hpc.launch.runs import resolve_run
+    from air_hpc.ops.control import check_rank, log_sources, run_status
+    from air_hpc.ops.runs import resolve_run
     from air_hpc.records.submissions import latest_submission
 
     if follow and as_json:
@@ -326,8 +326,8 @@ class _LogTail:
 @json_option
 def cancel(run: str, as_json: bool) -> None:
     """Cancel a run's current job."""
-    from air_hpc.launch.control import cancel_run
-    from air_hpc.launch.runs import resolve_run
+    from air_hpc.ops.control import cancel_run
+    from air_hpc.ops.runs import resolve_run
 
     run_dir = resolve_run(run)
     record, cancelled = cancel_run(run_dir, slurm_client())
@@ -352,9 +352,9 @@ def cancel(run: str, as_json: bool) -> None:
 def runs(root: str | None, as_json: bool) -> None:
     """List the runs under the runs root: state, step/total, loss, restarts, goodput, checkpoint age, job."""
     from air_hpc.errors import AirHpcError
-    from air_hpc.launch.control import run_status
-    from air_hpc.launch.runs import find_runs, runs_root
     from air_hpc.observe.overview import run_row, runs_table
+    from air_hpc.ops.control import run_status
+    from air_hpc.ops.runs import find_runs, runs_root
     from air_hpc.records.submissions import latest_submission
 
     client = slurm_client()

@@ -26,8 +26,8 @@ from air_hpc.errors import UserError
 def metrics(root: str | None, textfile: Path | None, port: int | None, bind: str) -> None:
     """Per-run step, loss, tokens/s, goodput, restarts, checkpoint and heartbeat age, and state, for Prometheus."""
     # Not at the top: both import prometheus_client, which `air-hpc --help` must not load (tests/unit/test_cli.py).
-    from air_hpc.launch.fleet import snapshot
     from air_hpc.observe.prometheus import registry_of, serve, write_textfile
+    from air_hpc.ops.states import snapshot
 
     one_of = "give one of --textfile OUT.prom or --serve PORT"
     client = slurm_client()

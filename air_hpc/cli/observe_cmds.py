@@ -15,9 +15,9 @@ if TYPE_CHECKING:
 
 
 def _records(run: str) -> tuple["RunDir", "RunRecords", "RunReport"]:
-    from air_hpc.launch.runs import resolve_run
     from air_hpc.observe.records import load_records
     from air_hpc.observe.report import build_report
+    from air_hpc.ops.runs import resolve_run
 
     run_dir = resolve_run(run)
     records = load_records(run_dir)

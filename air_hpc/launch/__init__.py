@@ -1,1 +1,1 @@
-"""Getting a run onto the machines: submission and the per-rank entry point."""
+"""Submission: plan the nodes and the batch script, claim the run, hand the job to an executor."""

@@ -1,11 +1,11 @@
 """Hand a planned run to whoever runs it: one protocol, three executors.
 
 - :class:`SbatchExecutor` (``slurm``): our rendered script through ``sbatch``
-  (via :class:`SlurmClient`, as a recorded attempt: :mod:`air_hpc.launch.attempts`);
+  (via :class:`SlurmClient`, as a recorded attempt: :mod:`air_hpc.ownership.attempts`);
   the script itself forwards the signal and requeues on the exit-code contract.
 - :class:`SubmititSlurmExecutor` (``submitit``): submitit's SlurmExecutor with
   the same resources and selection; submitit requeues through
-  :class:`~air_hpc.launch.entry.TrainingEntry`'s ``checkpoint``, on
+  :class:`~air_hpc.runtime.entry.TrainingEntry`'s ``checkpoint``, on
   ``resilience.signal`` like the other two. submitit runs ``sbatch`` itself,
   outside our client, with this process's environment (so ``SLURM_CONF`` must be exported).
 - :class:`SubmititLocalExecutor` (``local``): submitit's LocalExecutor on this
@@ -23,14 +23,14 @@ from typing import Any, Protocol
 import submitit
 
 from air_hpc.config.models import JobConfig
-from air_hpc.launch.attempts import sbatch_recorded
-from air_hpc.launch.entry import TrainingEntry
-from air_hpc.launch.local_job import ProcessIdentity, RecordExit
 from air_hpc.launch.plan import Plan
+from air_hpc.ownership.attempts import sbatch_recorded
+from air_hpc.ownership.local_job import ProcessIdentity, RecordExit
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import Executor, record_submission
 from air_hpc.render import job_environment
 from air_hpc.render.quoting import shell_quote
+from air_hpc.runtime.entry import TrainingEntry
 from air_hpc.slurm.client import SlurmClient
 
 #: Builds the picklable callable that submitit runs on every rank.

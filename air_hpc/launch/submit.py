@@ -2,8 +2,8 @@
 
 The steps live in their own modules: :mod:`air_hpc.launch.plan` (nodes and the
 rendered script), :mod:`air_hpc.launch.executors` (sbatch, submitit on Slurm,
-submitit locally), :mod:`air_hpc.launch.owner` (one live job per run
-directory) and :mod:`air_hpc.launch.waiting` (following the job, within a deadline).
+submitit locally), :mod:`air_hpc.ownership.owner` (one live job per run
+directory) and :mod:`air_hpc.ops.waiting` (following the job, within a deadline).
 
 The run directory records the resolved config (job.json), the script
 (job.sbatch) and every job id (submissions.jsonl), so status, logs and
@@ -19,11 +19,11 @@ from typing import Any
 from air_hpc.config.models import JobConfig
 from air_hpc.errors import AirHpcError, CheckpointError, ConfigError, SlurmUnreachableError
 from air_hpc.exitcodes import ExitCode
-from air_hpc.launch.attempts import recorded_jobs
 from air_hpc.launch.executors import EntryFactory, default_entry, make_executor
-from air_hpc.launch.owner import Owner, claim
 from air_hpc.launch.plan import Plan, plan
 from air_hpc.observe.records import load_records, longest_sync_save_s
+from air_hpc.ownership.attempts import recorded_jobs
+from air_hpc.ownership.owner import Owner, claim
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import Executor
 from air_hpc.resilience.store import CheckpointStore
@@ -74,11 +74,11 @@ def submit(
     step_command: Sequence[str] | None = None,
     force: bool = False,
 ) -> Submission:
-    """Validate, record and submit; returns once the job has an id (:mod:`air_hpc.launch.waiting` follows it).
+    """Validate, record and submit; returns once the job has an id (:mod:`air_hpc.ops.waiting` follows it).
 
     Refuses a run that is complete (:class:`RunComplete`, unless ``force``) and a run directory
-    that another live job owns (:class:`~air_hpc.launch.owner.RunBusyError`), including a job
-    whose earlier submit lost sbatch's answer (settled first, :func:`~air_hpc.launch.attempts.recorded_jobs`).
+    that another live job owns (:class:`~air_hpc.ownership.owner.RunBusyError`), including a job
+    whose earlier submit lost sbatch's answer (settled first, :func:`~air_hpc.ownership.attempts.recorded_jobs`).
     """
     if executor == "local" and job.resources.nodes != 1:
         raise ConfigError(

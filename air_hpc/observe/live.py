@@ -1,7 +1,7 @@
 """The live view of a run: one rich panel on a terminal, one plain line per change elsewhere.
 
 Rendering is pure (a :class:`LiveView` in, a renderable or a line out) so it is
-tested with a fixed-width console; :func:`air_hpc.launch.control.watch_run`
+tested with a fixed-width console; :func:`air_hpc.ops.control.watch_run`
 drives it from the run's files and the job's state.
 """
 

@@ -16,12 +16,9 @@ from air_hpc.exitcodes import ExitCode
 from air_hpc.records import names
 from air_hpc.records.rundir import RunDir
 from air_hpc.render.quoting import check_env_name, check_one_line, slurm_filename
+from air_hpc.runtime.stop_signals import STOP_SIGNALS
 from air_hpc.slurm import hostlist
 from air_hpc.topology.request import NodeRequest
-
-#: Signals that stop the run besides ``resilience.signal`` (time limit, cancel): the supervisor handles
-#: each (forwards it to ``srun``, restarts nothing) and is started with them ignored until it does.
-STOP_SIGNALS = ("TERM", "INT", "HUP")
 
 
 @dataclass(frozen=True)
@@ -55,7 +52,7 @@ class SbatchSpec:
     supervisor_command: tuple[str, ...] = ()
     """The in-job supervisor that runs the ``srun`` step: dead-node probe, hang backstop, restarts on spares."""
     batch_command: tuple[str, ...] = ()
-    """The batch script's Python half (``air_hpc.launch.batch``): start, events, requeue decision."""
+    """The batch script's Python half (``air_hpc.runtime.batch``): start, events, requeue decision."""
 
     @property
     def allocated_nodes(self) -> int:
@@ -139,7 +136,7 @@ def default_python(job: JobConfig) -> str:
 
 
 def training_command(python: str, run_dir: Path) -> tuple[str, ...]:
-    return (python, "-m", "air_hpc.launch", str(run_dir))
+    return (python, "-m", "air_hpc.runtime", str(run_dir))
 
 
 def host_python(job: JobConfig, python: str | None = None) -> str:
@@ -148,11 +145,11 @@ def host_python(job: JobConfig, python: str | None = None) -> str:
 
 
 def supervisor_command(job: JobConfig, run_dir: Path, python: str | None = None) -> tuple[str, ...]:
-    return (host_python(job, python), "-m", "air_hpc.launch.supervisor", str(run_dir))
+    return (host_python(job, python), "-m", "air_hpc.runtime.supervisor", str(run_dir))
 
 
 def batch_command(job: JobConfig, python: str | None = None) -> tuple[str, ...]:
-    return (host_python(job, python), "-m", "air_hpc.launch.batch")
+    return (host_python(job, python), "-m", "air_hpc.runtime.batch")
 
 
 def build_spec(

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from air_hpc.launch.rendezvous import MASTER_PORT_SPAN
+from air_hpc.runtime.rendezvous import MASTER_PORT_SPAN
 from air_hpc.slurm import hostlist
 
 #: Fixed node resources, applied by slurmd through ``SlurmdParameters=config_overrides``

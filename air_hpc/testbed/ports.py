@@ -10,7 +10,7 @@ choosing, so they are distinct.
 import random
 import socket
 
-from air_hpc.launch.rendezvous import MASTER_PORT_BASE
+from air_hpc.runtime.rendezvous import MASTER_PORT_BASE
 
 #: Below jobs' MASTER_PORT span (20000-31999), itself below Linux's default ephemeral range (32768-60999).
 PORT_RANGE = (10000, MASTER_PORT_BASE - 1)

@@ -8,7 +8,7 @@ answers with this rank's own values.
 from the process group; it is passed in, so the checkpointer's async, wait, abandon and
 supersede logic runs in unit tests against a fake (``tests/unit/checkpoint_fakes.py``).
 
-Torch is imported on first use: ``launch/__main__`` imports :mod:`air_hpc.resilience.signals`
+Torch is imported on first use: ``runtime/__main__`` imports :mod:`air_hpc.resilience.signals`
 (and so this module) to hold the stop signals before anything slow loads.
 """
 

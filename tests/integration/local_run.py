@@ -6,8 +6,8 @@ from typing import Any
 import submitit
 
 from air_hpc.config.models import JobConfig
-from air_hpc.launch.entry import TrainingEntry
 from air_hpc.records.rundir import RunDir
+from air_hpc.runtime.entry import TrainingEntry
 
 
 def submit_local(job: JobConfig, timeout_min: int) -> tuple[RunDir, Any]:

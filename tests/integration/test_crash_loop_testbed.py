@@ -15,10 +15,10 @@ import pytest
 
 from air_hpc.config import load_job
 from air_hpc.exitcodes import ExitCode
-from air_hpc.launch.control import run_status
 from air_hpc.launch.submit import submit
 from air_hpc.observe.records import load_records
 from air_hpc.observe.report import build_report, format_report
+from air_hpc.ops.control import run_status
 from air_hpc.records.events import read_events
 from air_hpc.records.jsonl import read_jsonl
 from air_hpc.records.rundir import RunDir

@@ -49,7 +49,7 @@ def rank_processes(beats: dict[int, Beat], host: str) -> list[psutil.Process]:
             continue
         process = psutil.Process(beat.pid)
         assert process.create_time() <= beat.time_s + 1, f"pid {beat.pid} is not rank {beat.rank} any more"
-        assert "air_hpc.launch" in " ".join(process.cmdline())
+        assert "air_hpc.runtime" in " ".join(process.cmdline())
         processes.append(process)
     return processes
 

@@ -18,9 +18,9 @@ import pytest
 
 from air_hpc.config import load_job
 from air_hpc.exitcodes import ExitCode
-from air_hpc.launch.control import run_status
-from air_hpc.launch.owner import RunBusyError, read_owner
 from air_hpc.launch.submit import Submission, plan, submit
+from air_hpc.ops.control import run_status
+from air_hpc.ownership.owner import RunBusyError, read_owner
 from air_hpc.records.jsonl import read_jsonl
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import record_submission

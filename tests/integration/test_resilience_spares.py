@@ -72,7 +72,7 @@ def kill_rank(run_dir: RunDir) -> str:
     """``kill -9`` the highest rank (checked to be this run's training process); returns its node."""
     pid, host = last_rank(run_dir)
     proc = psutil.Process(pid)
-    assert "air_hpc.launch" in proc.cmdline() and str(run_dir.path) in proc.cmdline()
+    assert "air_hpc.runtime" in proc.cmdline() and str(run_dir.path) in proc.cmdline()
     proc.kill()
     return host
 

@@ -12,9 +12,9 @@ import pytest
 
 from air_hpc.config import load_job
 from air_hpc.errors import TrainingFailed
-from air_hpc.launch.control import run_status
 from air_hpc.launch.submit import submit
-from air_hpc.launch.waiting import wait_local
+from air_hpc.ops.control import run_status
+from air_hpc.ops.waiting import wait_local
 from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.fake import FakeSlurm
 from air_hpc.slurm.jobs import JobState

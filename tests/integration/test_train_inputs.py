@@ -1,4 +1,4 @@
-"""Bad input stops ``python -m air_hpc.launch RUN_DIR`` (what srun runs) with one line and exit 2.
+"""Bad input stops ``python -m air_hpc.runtime RUN_DIR`` (what srun runs) with one line and exit 2.
 
 Each case fails before any process group starts: the runs have no Slurm or
 rendezvous environment at all, so reaching the process group would fail
@@ -71,7 +71,7 @@ def test_bad_input_is_one_line_and_exit_2(run_dir: RunDir, case: str) -> None:
     breaker(run_dir)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_", "MASTER_"))}
     proc = subprocess.run(
-        [sys.executable, "-m", "air_hpc.launch", str(run_dir.path)],
+        [sys.executable, "-m", "air_hpc.runtime", str(run_dir.path)],
         capture_output=True,
         text=True,
         env=env,

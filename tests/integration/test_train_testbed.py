@@ -1,4 +1,4 @@
-"""gpt-tiny across two emulated nodes of the Slurm testbed: sbatch, srun, ``python -m air_hpc.launch``.
+"""gpt-tiny across two emulated nodes of the Slurm testbed: sbatch, srun, ``python -m air_hpc.runtime``.
 
 Two runs of the rendered batch script with the real trainer, 2 nodes x 2 tasks each (TP2 x PP2,
 gloo over loopback), side by side: one uninterrupted; one sent USR2 through the batch shell

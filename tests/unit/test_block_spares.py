@@ -23,9 +23,9 @@ from air_hpc.exitcodes import ExitCode
 from air_hpc.health.badnodes import read_bad_nodes
 from air_hpc.launch.plan import node_request
 from air_hpc.launch.submit import plan
-from air_hpc.launch.supervisor import Supervisor, load_fabric, replace_nodes
 from air_hpc.records.events import read_events
 from air_hpc.records.rundir import RunDir
+from air_hpc.runtime.supervisor import Supervisor, load_fabric, replace_nodes
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.fake import FakeSlurm
 from air_hpc.topology import treeconf
@@ -180,7 +180,7 @@ def test_the_batch_script_asks_for_the_job_and_its_spares_in_segments(
     for line in ("#SBATCH --nodes=6", f"#SBATCH --nodelist={nodelist}", "#SBATCH --segment=2"):
         assert line in lines
     assert not [line for line in lines if line.startswith("#SBATCH --switches")]
-    assert "-m air_hpc.launch.supervisor" in planned.script
+    assert "-m air_hpc.runtime.supervisor" in planned.script
     assert "srun --nodes=4 --ntasks=4 --distribution=arbitrary" in planned.script
 
 

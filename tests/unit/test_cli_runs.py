@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from air_hpc.cli.main import cli, main
-from air_hpc.launch.fleet import snapshot
-from air_hpc.launch.runs import RUNS_ROOT_ENV, resolve_run
+from air_hpc.ops.runs import RUNS_ROOT_ENV, resolve_run
+from air_hpc.ops.states import snapshot
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import record_submission
 from air_hpc.slurm.fake import FakeSlurm

@@ -12,10 +12,10 @@ import pytest
 
 from air_hpc.config import load_job
 from air_hpc.errors import ConfigError, SlurmError, SlurmUnreachableError
-from air_hpc.launch.attempts import SETTLE_GRACE_S, fence_settled, settle
-from air_hpc.launch.control import cancel_run, run_status
-from air_hpc.launch.owner import NotOwnerError, RunBusyError, fence, read_owner
 from air_hpc.launch.submit import submit
+from air_hpc.ops.control import cancel_run, run_status
+from air_hpc.ownership.attempts import SETTLE_GRACE_S, fence_settled, settle
+from air_hpc.ownership.owner import NotOwnerError, RunBusyError, fence, read_owner
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import latest_submission, pending_attempts, submissions
 from air_hpc.slurm.client import DEADLINE_ENV, NotRun, SlurmClient, deadline_from_env, talks_to_slurmctld

@@ -14,8 +14,8 @@ import psutil
 import pytest
 
 from air_hpc.cli.main import main
-from air_hpc.launch.control import cancel_run, run_status
-from air_hpc.launch.local_job import ProcessIdentity, ignores
+from air_hpc.ops.control import cancel_run, run_status
+from air_hpc.ownership.local_job import ProcessIdentity, ignores
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import record_exit, record_submission
 from air_hpc.resilience.store import CheckpointStore

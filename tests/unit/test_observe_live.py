@@ -8,9 +8,9 @@ import pytest
 from rich.console import Console
 
 from air_hpc.cli.main import cli
-from air_hpc.launch.control import RunStatus, live_view, run_status, watch_run
 from air_hpc.observe.live import LiveView, live_panel, plain_line
 from air_hpc.observe.progress import RunProgress
+from air_hpc.ops.control import RunStatus, live_view, run_status, watch_run
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import record_submission
 from air_hpc.slurm.fake import FakeSlurm
@@ -131,7 +131,7 @@ class FinishingSlurm(FakeSlurm):
 def test_submit_wait_follows_in_plain_lines_then_summarizes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, small_corpus: Path
 ) -> None:
-    import air_hpc.launch.control as control
+    import air_hpc.ops.control as control
 
     monkeypatch.setattr(control.time, "sleep", lambda _s: None)
     from tests.unit.test_observe_report import REPO

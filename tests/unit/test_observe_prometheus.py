@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families as parse_cla
 from air_hpc.cli.main import cli, main
 from air_hpc.config import load_job
 from air_hpc.health.heartbeat import Heartbeat
-from air_hpc.launch.fleet import snapshot
 from air_hpc.observe.prometheus import phase, registry_of, serve
+from air_hpc.ops.states import snapshot
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import record_submission
 from air_hpc.slurm.fake import FakeSlurm

@@ -279,5 +279,5 @@ def test_a_stop_signal_to_the_whole_batch_step_as_the_supervisor_starts_requeues
 
 def supervisor_started(pid: int) -> bool:
     with contextlib.suppress(psutil.Error):
-        return any("air_hpc.launch.supervisor" in c.cmdline() for c in psutil.Process(pid).children(recursive=True))
+        return any("air_hpc.runtime.supervisor" in c.cmdline() for c in psutil.Process(pid).children(recursive=True))
     return False

@@ -7,8 +7,8 @@ import pytest
 
 from air_hpc.cli.main import cli, main
 from air_hpc.config import load_job
+from air_hpc.doctor.checks import cluster_findings, job_findings
 from air_hpc.errors import SlurmError
-from air_hpc.launch.doctor import cluster_findings, job_findings
 from air_hpc.slurm.cluster import (
     gpus_in_gres,
     parse_minutes,

@@ -18,7 +18,9 @@ from air_hpc.errors import ConfigError
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.badnodes import read_bad_nodes
 from air_hpc.launch.submit import plan
-from air_hpc.launch.supervisor import (
+from air_hpc.records.events import read_events
+from air_hpc.records.rundir import RunDir
+from air_hpc.runtime.supervisor import (
     StepResult,
     Supervisor,
     TaskFailure,
@@ -27,8 +29,6 @@ from air_hpc.launch.supervisor import (
     parse_task_failure,
     replace_nodes,
 )
-from air_hpc.records.events import read_events
-from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.fake import FakeSlurm
 from air_hpc.topology import treeconf
@@ -109,7 +109,7 @@ def test_spares_are_allocated_beside_the_placed_nodes_and_run_under_the_supervis
     assert set(planned.request.rank_hosts) == {"n3", "n4"}
     script = planned.script
     assert "#SBATCH --nodes=3\n" in script and "#SBATCH --no-kill\n" in script
-    assert "-m air_hpc.launch.supervisor" in script and "srun --nodes=2 --ntasks=4 --distribution=arbitrary" in script
+    assert "-m air_hpc.runtime.supervisor" in script and "srun --nodes=2 --ntasks=4 --distribution=arbitrary" in script
 
 
 @pytest.mark.parametrize("with_topology", [True, False])
@@ -262,7 +262,7 @@ def start_supervisor(tmp_path: Path, small_corpus: Path) -> tuple[subprocess.Pop
     sup, run_dir, log = supervised(tmp_path, small_corpus, "sleep")
     env = {**sup.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "air_hpc.launch.supervisor", str(run_dir.path), "--", *sup.srun_argv], env=env
+        [sys.executable, "-m", "air_hpc.runtime.supervisor", str(run_dir.path), "--", *sup.srun_argv], env=env
     )
     deadline = time.monotonic() + 60
     armed = run_dir.heartbeat / "7-0.0"
@@ -290,7 +290,7 @@ def test_a_killed_supervisor_takes_its_step_along(tmp_path: Path, small_corpus: 
 
 
 def test_bad_usage_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    from air_hpc.launch.supervisor import main
+    from air_hpc.runtime.supervisor import main
 
     assert main(["/nowhere"]) == ExitCode.USAGE
     assert capsys.readouterr().err.count("\n") == 1
@@ -305,8 +305,8 @@ def test_events_are_json_lines(tmp_path: Path, small_corpus: Path) -> None:
 def test_a_supervisor_of_a_job_that_does_not_own_the_run_starts_nothing(
     tmp_path: Path, small_corpus: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from air_hpc.launch.owner import claim
-    from air_hpc.launch.supervisor import main
+    from air_hpc.ownership.owner import claim
+    from air_hpc.runtime.supervisor import main
 
     sup, run_dir, log = supervised(tmp_path, small_corpus, "ok")
     with claim(run_dir, lambda owner: False) as record:

@@ -8,7 +8,7 @@ import pytest
 
 from air_hpc.cli.testbed_cmd import parse_leaves
 from air_hpc.errors import TestbedError, UserError
-from air_hpc.launch.rendezvous import MASTER_PORT_SPAN, master_port
+from air_hpc.runtime.rendezvous import MASTER_PORT_SPAN, master_port
 from air_hpc.testbed import Testbed, conf
 from air_hpc.testbed.cluster import missing_packages, namespace_members
 from air_hpc.testbed.ports import PORT_RANGE, free_ports

@@ -6,8 +6,8 @@ import pytest
 
 from air_hpc.config.layout import ParallelLayout
 from air_hpc.errors import ConfigError
-from air_hpc.launch.entry import current_dist_env, dist_env_from_slurm
-from air_hpc.launch.rendezvous import master_port
+from air_hpc.runtime.entry import current_dist_env, dist_env_from_slurm
+from air_hpc.runtime.rendezvous import master_port
 from air_hpc.train.parallel import DistEnv, ParallelContext, apply_rank_order, rank_from_hostfile
 
 SLURM = {

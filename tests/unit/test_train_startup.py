@@ -151,7 +151,7 @@ def test_gc_paused_for_the_start_then_frozen_and_resumed() -> None:
     assert gc.isenabled()
     try:
         pause_gc()
-        pause_gc()  # idempotent: the entry pauses again under ``python -m air_hpc.launch``
+        pause_gc()  # idempotent: the entry pauses again under ``python -m air_hpc.runtime``
         assert not gc.isenabled()
         resume_gc()
         assert gc.isenabled() and gc.get_freeze_count() > 0

@@ -11,7 +11,7 @@ import pytest
 import air_hpc.topology.request
 from air_hpc.config import load_job
 from air_hpc.errors import WaitTimeoutError
-from air_hpc.launch.waiting import run_deadline_s, wait_deadline_s, wait_local, wait_slurm
+from air_hpc.ops.waiting import run_deadline_s, wait_deadline_s, wait_local, wait_slurm
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import record_submission
 from air_hpc.slurm.fake import FakeSlurm
@@ -84,5 +84,12 @@ def test_node_request_orchestration_never_runs_slurm() -> None:
     }
     imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     pure = "air_hpc.slurm.hostlist"  # Slurm's hostlist syntax: text in, text out
-    runs_slurm = ("air_hpc.slurm", "air_hpc.launch", "subprocess")
+    runs_slurm = (
+        "air_hpc.slurm",
+        "air_hpc.launch",
+        "air_hpc.runtime",
+        "air_hpc.ownership",
+        "air_hpc.ops",
+        "subprocess",
+    )
     assert not {name for name in imported if name.startswith(runs_slurm) and not name.startswith(pure)}

@@ -1,4 +1,4 @@
-"""The batch script's Python half: ``python -m air_hpc.launch.batch <command> RUN_DIR ...``.
+"""The batch script's Python half: ``python -m air_hpc.runtime.batch <command> RUN_DIR ...``.
 
 The rendered script (``sbatch/job.sbatch.j2``) keeps in bash only what must run
 outside any Python process: the stop-signal trap on its first line, the stop
@@ -34,7 +34,7 @@ bad nodes kept out of the next start           no          ``--exclude`` at subm
 hang backstop, dead-node probe (supervisor)    no          the ranks' own watchdogs only
 ``started`` lines in submissions.jsonl         no          reports use the ranks' ``start`` events
 hot spares (in-job supervisor)                 no          ``resources.spare_nodes`` is not allocated
-MASTER_PORT from the job id                    yes         ``launch.entry`` derives it the same way
+MASTER_PORT from the job id                    yes         ``runtime.entry`` derives it the same way
 ===============================================  ==========  ===============================================
 """
 
@@ -52,11 +52,11 @@ from pathlib import Path
 from air_hpc.errors import AirHpcError
 from air_hpc.exitcodes import NEVER_REQUEUED, REQUEUE_WORTHY, ExitCode
 from air_hpc.health.badnodes import read_bad_nodes
-from air_hpc.launch.rendezvous import master_port
 from air_hpc.records.events import EventLog
 from air_hpc.records.generation import generation, generation_dir, read_exit_code
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import record_start
+from air_hpc.runtime.rendezvous import master_port
 from air_hpc.slurm import hostlist
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.env import JOB_NODELIST, SlurmEnv
@@ -246,7 +246,7 @@ def requeue(run_dir: RunDir, job: JobStart, pinned: str | None, client: SlurmCli
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m air_hpc.launch.batch", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m air_hpc.runtime.batch", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     cmd = commands.add_parser("start")
     cmd.add_argument("run_dir", type=Path)

@@ -9,7 +9,7 @@ it waits for that record instead of finding the previous owner.
 
 This is the one place a submit is refused for a live job: a job the run's records know but
 the owner file does not (an ``sbatch`` whose answer was lost, found later by its comment:
-:mod:`air_hpc.launch.attempts`) is first made the owner (:func:`adopt`), then checked like any owner.
+:mod:`air_hpc.ownership.attempts`) is first made the owner (:func:`adopt`), then checked like any owner.
 """
 
 import contextlib
@@ -25,7 +25,7 @@ from typing import Protocol
 from air_hpc.digits import ascii_int
 from air_hpc.errors import AirHpcError, UserError
 from air_hpc.exitcodes import ExitCode
-from air_hpc.launch.local_job import ProcessIdentity
+from air_hpc.ownership.local_job import ProcessIdentity
 from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.env import SlurmEnv
 

@@ -16,9 +16,9 @@ import psutil
 
 from air_hpc.digits import ascii_int
 from air_hpc.errors import SlurmError
-from air_hpc.launch.runs import find_runs
 from air_hpc.observe.prometheus import RunMetrics, run_metrics
 from air_hpc.observe.records import RunRecords, load_records
+from air_hpc.ops.runs import find_runs
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import SubmissionRecord, submissions
 from air_hpc.slurm.client import SlurmClient
@@ -75,7 +75,7 @@ def run_jobs(runs: list[tuple[RunDir, RunRecords]], client: SlurmClient) -> list
 
 
 def snapshot(root: Path | str | None, client: SlurmClient) -> list[RunMetrics]:
-    """The numbers of every run under ``root`` now (see :func:`~air_hpc.launch.runs.find_runs`)."""
+    """The numbers of every run under ``root`` now (see :func:`~air_hpc.ops.runs.find_runs`)."""
     runs = [(run_dir, load_records(run_dir)) for run_dir in find_runs(root)]
     now = time.time()
     return [

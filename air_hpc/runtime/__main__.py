@@ -1,4 +1,4 @@
-"""``python -m air_hpc.launch RUN_DIR``: what the rendered batch script runs under ``srun`` on every rank.
+"""``python -m air_hpc.runtime RUN_DIR``: what the rendered batch script runs under ``srun`` on every rank.
 
 The process exit code is the contract with the batch script (see
 :mod:`air_hpc.exitcodes`): 85 asks it to requeue, 2 is a user error printed as one line.
@@ -17,10 +17,10 @@ from air_hpc.train.startup import pause_gc
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m air_hpc.launch RUN_DIR", file=sys.stderr)
+        print("usage: python -m air_hpc.runtime RUN_DIR", file=sys.stderr)
         return ExitCode.USAGE
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from air_hpc.launch.entry import TrainingEntry
+    from air_hpc.runtime.entry import TrainingEntry
 
     try:
         summary = TrainingEntry(Path(argv[0]))()

@@ -1,6 +1,6 @@
 """Where rank 0 listens: MASTER_ADDR and MASTER_PORT, the same for the batch script and every executor.
 
-Standard library only: the batch script's helper (``launch.batch``) and the ranks both import it.
+Standard library only: the batch script's helper (``runtime.batch``) and the ranks both import it.
 """
 
 #: MASTER_PORT = base + job id modulo span: the same port after a requeue, rarely shared by two jobs, and

@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from air_hpc.config.models import JobConfig
 from air_hpc.errors import AirHpcError, ConfigError, TrainingFailed, WaitTimeoutError
-from air_hpc.launch.local_job import local_job_status
+from air_hpc.ownership.local_job import local_job_status
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import submissions
 from air_hpc.slurm.client import SlurmClient
@@ -88,7 +88,7 @@ def wait_slurm(
 def wait_local(run_dir: RunDir, job_id: str, *, timeout_s: float, poll_s: float = 1.0) -> JobStatus:
     """Block until a LocalExecutor job ends; raise if it did not complete.
 
-    Its state comes from the run's records (see :mod:`air_hpc.launch.local_job`),
+    Its state comes from the run's records (see :mod:`air_hpc.ownership.local_job`),
     never from submitit's result pickles.
     """
 

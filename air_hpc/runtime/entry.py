@@ -20,12 +20,12 @@ from air_hpc.digits import ascii_int
 from air_hpc.errors import AirHpcError, ConfigError
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.guard import rank_guard, record_verdict
-from air_hpc.launch.attempts import fence_settled
-from air_hpc.launch.rendezvous import master_port
+from air_hpc.ownership.attempts import fence_settled
 from air_hpc.records.events import EventLog, read_events
 from air_hpc.records.generation import generation, generation_dir
 from air_hpc.records.rundir import RunDir
 from air_hpc.resilience.progress import CRASH_LOOP_KIND, CrashLoopError, check_progress
+from air_hpc.runtime.rendezvous import master_port
 from air_hpc.slurm import env as slurm_env
 from air_hpc.slurm.env import SlurmEnv
 from air_hpc.train.parallel import DistEnv, apply_rank_order

@@ -2,7 +2,7 @@
 
 A run is followed through its latest submission: Slurm jobs (our script or
 submitit's) through the Slurm client, local jobs through the run's own records
-and the controller process they identify (:mod:`air_hpc.launch.local_job`).
+and the controller process they identify (:mod:`air_hpc.ownership.local_job`).
 """
 
 import itertools
@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from air_hpc.errors import UserError
 from air_hpc.health.badnodes import read_bad_nodes
-from air_hpc.launch.attempts import reconcile
-from air_hpc.launch.local_job import cancel_local, local_job_status
-from air_hpc.launch.waiting import poll_until
 from air_hpc.observe.live import LiveView, change_key, last_event, live_panel, plain_line
 from air_hpc.observe.progress import RunProgress, run_progress
 from air_hpc.observe.records import load_records, stop_reason
+from air_hpc.ops.waiting import poll_until
+from air_hpc.ownership.attempts import reconcile
+from air_hpc.ownership.local_job import cancel_local, local_job_status
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import SubmissionRecord, latest_submission, record_cancel
 from air_hpc.slurm.client import SlurmClient

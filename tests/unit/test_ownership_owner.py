@@ -13,9 +13,9 @@ from air_hpc.cli.main import cli
 from air_hpc.config import load_job
 from air_hpc.errors import UserError
 from air_hpc.exitcodes import ExitCode
-from air_hpc.launch.local_job import ProcessIdentity
-from air_hpc.launch.owner import NotOwnerError, RunBusyError, claim, fence, read_owner
 from air_hpc.launch.submit import RunComplete, completed_step, submit
+from air_hpc.ownership.local_job import ProcessIdentity
+from air_hpc.ownership.owner import NotOwnerError, RunBusyError, claim, fence, read_owner
 from air_hpc.records.rundir import RunDir
 from air_hpc.resilience.store import CheckpointStore
 from air_hpc.slurm.fake import FakeSlurm

@@ -9,11 +9,20 @@ from pathlib import Path
 import pytest
 
 from air_hpc.exitcodes import REQUEUE_WORTHY, ExitCode
-from air_hpc.launch.batch import BatchError, JobStart, finish, fit_rank_order, preemption, requeue, slurm_version, start
-from air_hpc.launch.rendezvous import master_port
 from air_hpc.records.generation import write_exit_code
 from air_hpc.records.jsonl import read_jsonl
 from air_hpc.records.rundir import RunDir
+from air_hpc.runtime.batch import (
+    BatchError,
+    JobStart,
+    finish,
+    fit_rank_order,
+    preemption,
+    requeue,
+    slurm_version,
+    start,
+)
+from air_hpc.runtime.rendezvous import master_port
 from air_hpc.slurm.fake import FakeJob, FakeSlurm
 from air_hpc.slurm.jobs import JobState
 
@@ -95,6 +104,6 @@ def test_requeue_keeps_bad_nodes_out_of_the_next_start(tmp_path: Path) -> None:
 
 
 def test_the_helper_imports_neither_torch_nor_pydantic() -> None:
-    code = "import sys, air_hpc.launch.batch; print(json.dumps(sorted({'torch', 'pydantic'} & set(sys.modules))))"
+    code = "import sys, air_hpc.runtime.batch; print(json.dumps(sorted({'torch', 'pydantic'} & set(sys.modules))))"
     out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []

@@ -6,7 +6,7 @@ written to submissions.jsonl first with a unique token that goes to Slurm as
 ``cancel``, the next ``submit``) asks Slurm for that token and records what it
 finds: the job id, or that the attempt never reached the queue. Until an
 attempt is settled, ``submit`` refuses to submit the run again, whatever the
-executor. A job found this way becomes the run's owner (:mod:`air_hpc.launch.owner`),
+executor. A job found this way becomes the run's owner (:mod:`air_hpc.ownership.owner`),
 so its ranks pass the fence and the owner check refuses the next submit while it runs.
 """
 
@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Mapping
 
 from air_hpc.errors import SlurmError, SlurmUnreachableError
-from air_hpc.launch.owner import NotOwnerError, Owner, adopt, fence
+from air_hpc.ownership.owner import NotOwnerError, Owner, adopt, fence
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import (
     Attempt,
@@ -78,7 +78,7 @@ def reconcile(run_dir: RunDir, client: SlurmClient) -> None:
 
 
 def fence_settled(run_dir: RunDir, environ: Mapping[str, str], client: SlurmClient | None = None) -> None:
-    """The owner fence for a rank (:func:`~air_hpc.launch.owner.fence`), settling pending attempts first if it refuses.
+    """The owner fence for a rank (:func:`~air_hpc.ownership.owner.fence`), settling pending attempts if it refuses.
 
     A job whose submit lost sbatch's answer is not the owner until someone settles that
     attempt; its ranks settle it themselves (one ``squeue``, under the lock) instead of

@@ -1,6 +1,6 @@
 """The in-job supervisor: runs the training step, ends it when a node dies, restarts it on a hot spare.
 
-The batch script of every job runs ``python -m air_hpc.launch.supervisor RUN_DIR -- srun ARGS...``
+The batch script of every job runs ``python -m air_hpc.runtime.supervisor RUN_DIR -- srun ARGS...``
 in place of the bare ``srun``. The allocation holds the training nodes plus
 the spares (``resources.spare_nodes``, often none). When a step fails because
 of a node (a rank crashed, the node died, the watchdog found it hung), that
@@ -54,13 +54,13 @@ from air_hpc.config.models import JobConfig
 from air_hpc.errors import AirHpcError, TopologyError
 from air_hpc.exitcodes import REQUEUE_WORTHY, ExitCode
 from air_hpc.health.badnodes import append_bad_nodes, read_bad_nodes
-from air_hpc.launch.attempts import fence_settled
-from air_hpc.launch.probe import PROBE_TIMEOUT_S, probe_dead
+from air_hpc.ownership.attempts import fence_settled
 from air_hpc.records.events import EventLog
 from air_hpc.records.generation import STEP_ATTEMPT_ENV, generation, generation_dir, read_exit_code, write_exit_code
 from air_hpc.records.names import ARMED_FILE_PREFIX, BEAT_GLOB, STOP_REQUESTED_FILE, SUPERVISOR_ARMED_FILE
 from air_hpc.records.rundir import RunDir
-from air_hpc.render.spec import STOP_SIGNALS
+from air_hpc.runtime.probe import PROBE_TIMEOUT_S, probe_dead
+from air_hpc.runtime.stop_signals import STOP_SIGNALS
 from air_hpc.slurm import env as slurm_env
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.env import SlurmEnv
@@ -469,7 +469,7 @@ def main(argv: Sequence[str] | None = None, signal_setup: Callable[[Supervisor],
     args = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="air-hpc supervisor: %(message)s", stream=sys.stderr)
     if len(args) < 3 or args[1] != "--":
-        print("usage: python -m air_hpc.launch.supervisor RUN_DIR -- srun ARGS...", file=sys.stderr)
+        print("usage: python -m air_hpc.runtime.supervisor RUN_DIR -- srun ARGS...", file=sys.stderr)
         return int(ExitCode.USAGE)
     try:
         run_dir = RunDir(Path(args[0]))

@@ -1,0 +1,1 @@
+"""Cluster inspection: what ``air-hpc doctor`` checks against a cluster and a job, and cluster profiles."""
