@@ -2,12 +2,15 @@
 
 Both copies are submitted at once under fresh run names (``<name>-reference-…``
 and ``<name>-chaos-…``); faults strike the chaos copy one at a time, each only
-after the previous one has been recovered from (a step logged after it).
+after the previous one has been recovered from (a step logged after it), at
+its step (see :mod:`air_hpc.chaos.schedule`). A fault that can no longer strike
+(the run trained its last step, the job ended) is skipped with the reason.
 """
 
 import functools
 import logging
 import random
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,15 +24,17 @@ from air_hpc.config.models import JobConfig
 from air_hpc.errors import AirHpcError, UserError
 from air_hpc.launch.submit import submit
 from air_hpc.observe.compare import compare_runs
-from air_hpc.observe.records import START_KIND, load_records
+from air_hpc.observe.records import START_KIND, StepRecord, load_records, parse_events, parse_steps
 from air_hpc.observe.report import build_report
+from air_hpc.records.jsonl import read_jsonl
 from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.client import SlurmClient
-from air_hpc.train.metrics import read_metrics
 
 log = logging.getLogger(__name__)
 
 TESTBED_CLUSTER = "testbed"
+#: How often the campaign asks Slurm whether the chaos copy ended (its steps are read far more often).
+JOB_STATE_EVERY_S = 1.0
 
 
 class CampaignError(AirHpcError):
@@ -45,7 +50,8 @@ class Campaign:
     seed: int
     topology_conf: Path
     timeout_s: float = 900.0
-    poll_s: float = 0.2
+    poll_s: float = 0.05
+    """How often the run's steps are read: well inside a step, so a fault strikes at its step on a fast machine."""
 
 
 def testbed_job(job_file: Path, overrides: Sequence[str]) -> JobConfig:
@@ -77,41 +83,69 @@ def _jobs(campaign: Campaign) -> tuple[JobConfig, JobConfig]:
     return named("reference"), named("chaos")
 
 
-def _recovered(run_dir: RunDir, since_s: float, restarts: bool) -> bool:
-    """A step was logged after ``since_s`` (and, when the fault restarts the job, after a start since then)."""
-    records = load_records(run_dir)
-    after = since_s
-    if restarts:
-        starts = [e.time_s for e in records.of_kind(START_KIND) if e.time_s >= since_s]
-        if not starts:
-            return False
-        after = starts[0]
-    return any(s.time_s is not None and s.time_s > after for s in records.steps)
+class _Watch:
+    """The chaos copy as the campaign sees it: its logged steps (read often, cheaply) and its Slurm state (rarely)."""
+
+    def __init__(self, target: Target, campaign: Campaign, total_steps: int) -> None:
+        self.target, self.campaign, self.total_steps = target, campaign, total_steps
+        self._state: str | None = None
+        self._state_read_s = -float("inf")
+
+    def steps(self) -> tuple[StepRecord, ...]:
+        return parse_steps(read_jsonl(self.target.run_dir.metrics))
+
+    def last_step(self) -> int:
+        return max((s.step for s in self.steps()), default=0)
+
+    def reached(self, step: int) -> bool:
+        return self.last_step() >= step
+
+    def step_time_s(self) -> float:
+        """The run's recent step time (median of the last few steps), to place a fault inside a step."""
+        times = [s.step_time_s for s in self.steps()[-5:] if s.step_time_s is not None]
+        return statistics.median(times) if times else 0.0
+
+    def ended(self) -> str | None:
+        """The job's final state once it ended; squeue at most once a second (a poll every 0.05 s)."""
+        if self._state is None and time.monotonic() - self._state_read_s >= JOB_STATE_EVERY_S:
+            self._state_read_s = time.monotonic()
+            self._state = _ended(self.target.client, self.target.job_id)
+        return self._state
+
+    def no_training_left(self) -> str:
+        """Why a fault can no longer strike (the job ended, or the run logged its last step); empty when it can."""
+        if (last := self.last_step()) >= self.total_steps:
+            return f"the run had trained its last step ({last} of {self.total_steps}) before it could strike"
+        if state := self.ended():
+            return f"the job had ended ({state}) before it could strike"
+        return ""
+
+    def wait(self, what: str, condition: Callable[[], bool]) -> str:
+        """Poll ``condition``: empty once it holds, else why it never can (:meth:`no_training_left`)."""
+        deadline = time.monotonic() + self.campaign.timeout_s
+        while not condition():
+            if reason := self.no_training_left():
+                return reason
+            if time.monotonic() > deadline:
+                raise CampaignError(f"job {self.target.job_id}: {what} did not happen in {self.campaign.timeout_s:g} s")
+            time.sleep(self.campaign.poll_s)
+        return ""
+
+    def recovered(self, injection: Injection) -> bool:
+        """A step was logged after the fault (and, when it restarts the job, after a start since then)."""
+        after = injection.injected_s
+        if injection.fault.kind not in NO_RESTART_KINDS:
+            events = parse_events(read_jsonl(self.target.run_dir.events))
+            starts = [e.time_s for e in events if e.kind == START_KIND and e.time_s >= after]
+            if not starts:
+                return False
+            after = starts[0]
+        return any(s.time_s is not None and s.time_s > after for s in self.steps())
 
 
 def _ended(client: SlurmClient, job_id: str) -> str | None:
     status = client.job_status(job_id)
     return str(status.state) if status is not None and status.state.terminal else None
-
-
-def _wait_until(what: str, condition: Callable[[], bool], client: SlurmClient, job_id: str, c: Campaign) -> bool:
-    """Poll ``condition``; False when the job ended first."""
-    deadline = time.monotonic() + c.timeout_s
-    while not condition():
-        if _ended(client, job_id):
-            return False
-        if time.monotonic() > deadline:
-            raise CampaignError(f"job {job_id}: {what} did not happen in {c.timeout_s:g} s")
-        time.sleep(c.poll_s)
-    return True
-
-
-def _last_step(run_dir: RunDir) -> int:
-    return max((int(r["step"]) for r in read_metrics(run_dir.metrics)), default=0)
-
-
-def _reached(run_dir: RunDir, step: int) -> bool:
-    return _last_step(run_dir) >= step
 
 
 def _wait_ended(client: SlurmClient, job_id: str, c: Campaign) -> str:
@@ -123,32 +157,42 @@ def _wait_ended(client: SlurmClient, job_id: str, c: Campaign) -> str:
     return state
 
 
+def _inject(fault: Fault, watch: _Watch) -> Injection:
+    """Strike now, or at the next moment the injector can (its target between restarts, no save under way yet);
+    skipped, with the reason, once the run can no longer be struck."""
+    deadline = time.monotonic() + watch.campaign.timeout_s
+    while True:
+        if reason := watch.no_training_left():
+            return Injection(fault, time.time(), "", watch.last_step(), skipped=reason)
+        since, step = time.time(), watch.last_step()
+        try:
+            return Injection(fault, since, INJECTORS[fault.kind](watch.target), step)
+        except InjectionError as exc:
+            if time.monotonic() > deadline:
+                why = f"could not be injected in {watch.campaign.timeout_s:g} s: {exc}"
+                return Injection(fault, since, "", step, skipped=why)
+            log.info("fault %d %s: %s; trying again", fault.number, fault.kind, exc)
+            time.sleep(watch.campaign.poll_s)
+
+
 def _strike(
-    campaign: Campaign, faults: Sequence[Fault], target: Target, on_fault: Callable[[Injection], None]
+    campaign: Campaign, faults: Sequence[Fault], watch: _Watch, on_fault: Callable[[Injection], None]
 ) -> list[Injection]:
-    """Each fault once the run reached its step and recovered from the previous one."""
-    client, job_id, run_dir = target.client, target.job_id, target.run_dir
+    """Each fault once the run reached its step and recovered from the previous one; a fault that can no longer
+    strike is skipped with the reason (it tests nothing and loses nothing)."""
     injections: list[Injection] = []
     for fault in faults:
-        if injections:
+        reason = ""
+        if injections and not injections[-1].skipped:
             last = injections[-1]
-            restarts = last.fault.kind not in NO_RESTART_KINDS
-            recovered = functools.partial(_recovered, run_dir, last.injected_s, restarts and not last.missed)
-            if not _wait_until(f"recovery from fault {last.fault.number}", recovered, client, job_id, campaign):
-                break
-        reached = functools.partial(_reached, run_dir, fault.after_step)
-        if not _wait_until(f"step {fault.after_step}", reached, client, job_id, campaign):
-            break
-        time.sleep(fault.delay_s)
-        since, step = time.time(), _last_step(run_dir)
-        try:
-            injection = Injection(fault, since, INJECTORS[fault.kind](target), step)
-        except InjectionError as exc:
-            injection = Injection(fault, since, "", step, missed=str(exc))
+            reason = watch.wait(f"recovery from fault {last.fault.number}", functools.partial(watch.recovered, last))
+        if not reason:
+            reason = watch.wait(f"step {fault.after_step}", functools.partial(watch.reached, fault.after_step))
+        if not reason:
+            time.sleep(fault.delay_steps * watch.step_time_s())
+        injection = _inject(fault, watch) if not reason else Injection(fault, time.time(), "", 0, skipped=reason)
         injections.append(injection)
         on_fault(injection)
-    if len(injections) < len(faults):
-        log.warning("job %s ended after %d of %d faults", job_id, len(injections), len(faults))
     return injections
 
 
@@ -184,7 +228,7 @@ def run_campaign(
         node_control=node_control,
     )
     try:
-        injections = _strike(campaign, faults, target, on_fault)
+        injections = _strike(campaign, faults, _Watch(target, campaign, chaos_job.train.steps), on_fault)
         final_state = _wait_ended(client, chaos.job_id, campaign)
         _wait_ended(client, reference.job_id, campaign)
     except BaseException:

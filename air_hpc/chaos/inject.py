@@ -149,8 +149,11 @@ def straggler(target: Target, cycles: int = 6, stopped_s: float = 0.5, running_s
     return f"SIGSTOP/SIGCONT x{cycles} ({stopped_s:g}s/{running_s:g}s) {_describe(rank)}"
 
 
-def ckpt_kill(target: Target, timeout_s: float = 300.0, poll_s: float = 0.02) -> str:
-    """SIGKILL a rank while a checkpoint is being written (a ``.tmp-step_*`` staging directory exists)."""
+def ckpt_kill(target: Target, timeout_s: float = 5.0, poll_s: float = 0.02) -> str:
+    """SIGKILL a rank while a checkpoint is being written (a ``.tmp-step_*`` staging directory exists).
+
+    Waits a few seconds for a save to start; the campaign tries again while the run has training left.
+    """
     deadline = time.monotonic() + timeout_s
     while not _saving(target.run_dir.checkpoints):
         if time.monotonic() > deadline:

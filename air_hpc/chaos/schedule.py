@@ -1,7 +1,10 @@
 """The seeded fault schedule: which kinds strike at which step, decided before anything runs.
 
 Pure: the same kinds, count, seed and step count always give the same schedule,
-so a campaign that found a bug can be replayed exactly.
+so a campaign that found a bug can be replayed exactly. Faults are placed by step,
+never by wall-clock time: a fault strikes a fraction of a step after its step was
+logged, so it lands at the same point of the run on a slow and on a fast machine,
+and never later than the second-to-last step, so training is left when it lands.
 """
 
 import random
@@ -23,8 +26,9 @@ class Fault:
     kind: str
     after_step: int
     """Strike once the run has logged this step (and resumed from the previous fault)."""
-    delay_s: float
-    """Then wait this long, so faults also land inside steps and saves, not only at step ends."""
+    delay_steps: float
+    """Then wait this fraction of the run's step time, so faults also land inside steps and saves, not only at
+    step ends; a fraction of a step, not seconds, so a slow machine and a fast one are struck at the same step."""
 
 
 def parse_kinds(text: str) -> tuple[str, ...]:
@@ -39,10 +43,13 @@ def parse_kinds(text: str) -> tuple[str, ...]:
     return kinds
 
 
-def plan(
-    kinds: tuple[str, ...], count: int, seed: int, total_steps: int, max_delay_s: float = 1.0
-) -> tuple[Fault, ...]:
-    """``count`` faults of the given kinds at ascending steps in ``[1, total_steps - 1]``.
+def last_fault_step(total_steps: int) -> int:
+    """The latest step a fault may follow: it then lands inside the next step, and a whole step is left after it."""
+    return max(1, total_steps - 2)
+
+
+def plan(kinds: tuple[str, ...], count: int, seed: int, total_steps: int) -> tuple[Fault, ...]:
+    """``count`` faults of the given kinds at ascending steps in ``[1, last_fault_step(total_steps)]``.
 
     Every kind appears once before any repeats (when ``count`` allows), so a short
     campaign still covers what it was asked to cover.
@@ -54,8 +61,8 @@ def plan(
     rng = random.Random(seed)
     chosen = list(kinds) * (count // len(kinds)) + rng.sample(list(kinds), count % len(kinds))
     rng.shuffle(chosen)
-    steps = sorted(rng.randint(1, total_steps - 1) for _ in range(count))
+    steps = sorted(rng.randint(1, last_fault_step(total_steps)) for _ in range(count))
     return tuple(
-        Fault(number=i + 1, kind=kind, after_step=step, delay_s=round(rng.uniform(0.0, max_delay_s), 3))
+        Fault(number=i + 1, kind=kind, after_step=step, delay_steps=round(rng.uniform(0.0, 1.0), 3))
         for i, (kind, step) in enumerate(zip(chosen, steps, strict=True))
     )

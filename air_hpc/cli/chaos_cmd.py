@@ -40,7 +40,10 @@ def chaos(
     """Run JOB_FILE on the testbed beside an uninterrupted reference, inject faults, compare bit for bit.
 
     Exit 0 only when nothing was lost: the run completed, recovered from every
-    fault, and every logged loss and the final weights equal the reference's.
+    fault that struck, and every logged loss and the final weights equal the
+    reference's. A fault that could no longer strike (the run had trained its
+    last step, or the job ended) is reported as skipped, with the reason; it
+    loses nothing. Exit 1 otherwise: the verdict line says what was lost.
     """
     from air_hpc.chaos.campaign import Campaign, run_campaign, testbed_job
     from air_hpc.chaos.outcome import format_result
@@ -57,7 +60,7 @@ def chaos(
 
     def announce(injection: "Injection") -> None:
         if not as_json:
-            hit = injection.target or f"not injected: {injection.missed}"
+            hit = injection.target or f"skipped: {injection.skipped}"
             click.echo(f"fault {injection.fault.number} {injection.fault.kind}: {hit}", err=True)
 
     result, _, run_dir, reference = run_campaign(campaign, bed.client(), announce, node_control=bed)
@@ -66,5 +69,5 @@ def chaos(
     else:
         click.echo(f"run {run_dir.path}\nreference {reference.path}")
         click.echo(format_result(result))
-    if not result.nothing_lost:
-        click.get_current_context().exit(ExitCode.FAILURE)  # the report above says what was lost
+    if result.exit_code != ExitCode.OK:
+        click.get_current_context().exit(result.exit_code)  # the verdict above says what was lost

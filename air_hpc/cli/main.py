@@ -75,7 +75,7 @@ def _fail(message: str, exit_code: int) -> None:
 def main(argv: list[str] | None = None) -> Any:
     json_requested.set(False)
     try:
-        return cli.main(args=argv, prog_name="air-hpc", standalone_mode=False)
+        result = cli.main(args=argv, prog_name="air-hpc", standalone_mode=False)
     except AirHpcError as exc:
         _fail(exc.error_lines(), int(exc.exit_code))
     except click.exceptions.Abort:
@@ -92,3 +92,8 @@ def main(argv: list[str] | None = None) -> Any:
         sys.exit(exit_code)
     except KeyboardInterrupt:
         _fail("interrupted", 130)
+    # A command that ends with ``ctx.exit(N)`` (a verdict such as chaos's or doctor's, not an error) comes back
+    # from click here as N, in every entry point (``air-hpc``, ``python -m air_hpc``, tests calling main()).
+    if isinstance(result, int) and result != 0:
+        sys.exit(result)
+    return result

@@ -85,6 +85,9 @@ def main() -> None:
         raise SystemExit(f"bench: {result['error']}")
     print(f"{'#':>2} {'kind':<13} {'detected':>9} {'resumed':>9} {'lost':>4}  target")
     for f in result["faults"]:
+        if f["skipped"]:
+            print(f"{f['number']:>2} {f['kind']:<13} skipped: {f['skipped']}")
+            continue
         detected, resumed = (_seconds(f[key]) for key in ("detected_after_s", "resumed_after_s"))
         print(f"{f['number']:>2} {f['kind']:<13} {detected:>9} {resumed:>9} {f['steps_lost']:>4}  {f['target']}")
     by_kind: dict[str, list[float]] = defaultdict(list)
@@ -98,18 +101,13 @@ def main() -> None:
     for kind, times in sorted(by_kind.items()):
         print(f"{kind:<13} {len(times):>6} {statistics.mean(times) / baseline:>26.2f}")
     recovered = sum(len(t) for t in by_kind.values())
-    print(f"recovered {recovered} of {len(result['faults'])} faults; final state {result['final_state']}")
+    skipped = sum(bool(f["skipped"]) for f in result["faults"])
+    print(f"recovered {recovered} of {len(result['faults'])} faults ({skipped} skipped)")
+    print(f"final state {result['final_state']}")
     goodput, reference = result["goodput"], result["reference_goodput"]
     if goodput and reference:
         print(f"goodput chaos / reference: {goodput / reference:.2f}")
-    if result["nothing_lost"]:
-        print("nothing lost")
-        return
-    why = [f"final state {result['final_state']}"] if result["final_state"] != "COMPLETED" else []
-    why += [f"{len(result['faults']) - recovered} fault(s) not recovered"] if recovered < result["scheduled"] else []
-    why += [] if result["losses_equal"] else ["losses differ from the reference"]
-    why += [] if result["weights_equal"] else [f"weights differ: {result['weights_note']}"]
-    print(f"LOST: {'; '.join(why)}")
+    print(result["verdict"])
 
 
 if __name__ == "__main__":

@@ -43,40 +43,57 @@ def overrides_for(tmp_path: Path) -> list[str]:
     ]
 
 
+class Campaign:
+    """One ``air-hpc chaos --json`` run; every check prints the campaign's whole answer when it fails."""
+
+    def __init__(
+        self, testbed: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], faults: str, count: int, seed: int
+    ) -> None:
+        args = ["chaos", str(REPO / "configs/jobs/gpt-tiny-testbed.yaml"), "--faults", faults, "--count", str(count)]
+        args += ["--seed", str(seed), "--state-dir", str(testbed.state_dir), "--json", "--timeout-s", "400"]
+        self.code, out, self.err = run_main(
+            [*args, *(a for o in overrides_for(tmp_path) for a in ("--set", o))], capsys
+        )
+        self.result: dict[str, Any] = json.loads(out)
+
+    def check(self, condition: bool) -> None:
+        assert condition, f"exit {self.code}\n{json.dumps(self.result, indent=2)}\nstderr:\n{self.err[-3000:]}"
+
+    def check_nothing_lost(self, kinds: list[str]) -> None:
+        """The exit code is the verdict's; nothing lost; every fault of ``kinds`` struck (none was skipped)."""
+        result = self.result
+        self.check(self.code == result["exit_code"] == (0 if result["nothing_lost"] else 1))
+        self.check(
+            result["nothing_lost"] and result["final_state"] == "COMPLETED" and result["verdict"] == "nothing lost"
+        )
+        self.check(result["losses_equal"] and result["weights_equal"])
+        self.check(
+            sorted(f["kind"] for f in result["faults"]) == kinds and not any(f["skipped"] for f in result["faults"])
+        )
+
+
 def test_a_preemption_and_a_hang_lose_nothing(testbed: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    overrides = overrides_for(tmp_path)
-    args = ["chaos", str(REPO / "configs/jobs/gpt-tiny-testbed.yaml"), "--faults", "preempt,hang", "--count", "2"]
-    args += ["--seed", "1", "--state-dir", str(testbed.state_dir), "--json", "--timeout-s", "400"]
-    code, out, err = run_main([*args, *(a for o in overrides for a in ("--set", o))], capsys)
-    result = json.loads(out)
-    assert code == 0, (out, err)
-    assert result["nothing_lost"] and result["final_state"] == "COMPLETED"
-    assert result["losses_equal"] and result["weights_equal"]
-    faults = result["faults"]
-    assert sorted(f["kind"] for f in faults) == ["hang", "preempt"]
-    for fault in faults:
-        assert fault["detected_after_s"] is not None and fault["resumed_after_s"] > fault["detected_after_s"]
-        assert fault["resumed_from_step"] is not None
-    preempt = next(f for f in faults if f["kind"] == "preempt")
-    assert preempt["steps_lost"] == 0  # the preemption saved at the step it stopped at
-    assert 0 < result["goodput"] < result["reference_goodput"] <= 1
+    campaign = Campaign(testbed, tmp_path, capsys, "preempt,hang", 2, seed=1)
+    campaign.check_nothing_lost(["hang", "preempt"])
+    result = campaign.result
+    for fault in result["faults"]:
+        campaign.check(fault["detected_after_s"] is not None and fault["resumed_after_s"] > fault["detected_after_s"])
+        campaign.check(fault["resumed_from_step"] is not None)
+    preempt = next(f for f in result["faults"] if f["kind"] == "preempt")
+    campaign.check(preempt["steps_lost"] == 0)  # the preemption saved at the step it stopped at
+    campaign.check(0 < result["goodput"] < result["reference_goodput"] <= 1)
 
 
 def test_a_killed_rank_without_spares_resumes_from_its_checkpoint(
     testbed: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """SIGKILL, no warning, no save: the crashed step is requeued and resumes from the newest checkpoint."""
-    args = ["chaos", str(REPO / "configs/jobs/gpt-tiny-testbed.yaml"), "--faults", "rank-kill", "--count", "1"]
-    args += ["--seed", "3", "--state-dir", str(testbed.state_dir), "--json", "--timeout-s", "400"]
-    code, out, err = run_main([*args, *(a for o in overrides_for(tmp_path) for a in ("--set", o))], capsys)
-    result = json.loads(out)
-    assert code == 0, (out, err)
-    assert result["nothing_lost"] and result["final_state"] == "COMPLETED"
-    assert result["losses_equal"] and result["weights_equal"]
-    (fault,) = result["faults"]
-    assert fault["kind"] == "rank-kill" and fault["resumed_from_step"] is not None
-    requeues = [e for e in read_events(Path(result["run_dir"]) / "events.jsonl") if e["kind"] == "requeue"]
-    assert [e["reason"] for e in requeues] == ["crashed"]
+    campaign = Campaign(testbed, tmp_path, capsys, "rank-kill", 1, seed=3)
+    campaign.check_nothing_lost(["rank-kill"])
+    (fault,) = campaign.result["faults"]
+    campaign.check(fault["resumed_from_step"] is not None)
+    requeues = [e for e in read_events(Path(campaign.result["run_dir"]) / "events.jsonl") if e["kind"] == "requeue"]
+    campaign.check([e["reason"] for e in requeues] == ["crashed"])
 
 
 def test_a_dead_node_without_spares_is_blamed_and_the_run_resumes_elsewhere(
@@ -85,17 +102,13 @@ def test_a_dead_node_without_spares_is_blamed_and_the_run_resumes_elsewhere(
     """Power loss on a node (its slurmd and every process it started): the supervisor's probe finds the dead
     node, ends srun, the node goes on the bad-node list, and the job, requeued by its batch script long before
     slurmctld times the node out, resumes on other nodes; the node comes back."""
-    args = ["chaos", str(REPO / "configs/jobs/gpt-tiny-testbed.yaml"), "--faults", "node-kill", "--count", "1"]
-    args += ["--seed", "3", "--state-dir", str(testbed.state_dir), "--json", "--timeout-s", "400"]
-    code, out, err = run_main([*args, *(a for o in overrides_for(tmp_path) for a in ("--set", o))], capsys)
-    result = json.loads(out)
-    assert code == 0, (out, err)
-    assert result["nothing_lost"] and result["losses_equal"] and result["weights_equal"]
-    run_dir = RunDir(Path(result["run_dir"]))
+    campaign = Campaign(testbed, tmp_path, capsys, "node-kill", 1, seed=3)
+    campaign.check_nothing_lost(["node-kill"])
+    run_dir = RunDir(Path(campaign.result["run_dir"]))
     (dead,) = read_bad_nodes(run_dir.bad_nodes)
     events = read_events(run_dir.events)
-    assert [e["nodes"] for e in events if e["kind"] == "node_dead"] == [[dead]]
-    assert [e["reason"] for e in events if e["kind"] == "requeue"] == ["requeue-worthy"]
+    campaign.check([e["nodes"] for e in events if e["kind"] == "node_dead"] == [[dead]])
+    campaign.check([e["reason"] for e in events if e["kind"] == "requeue"] == ["requeue-worthy"])
     starts = [r["nodelist"] for r in read_jsonl(run_dir.submissions) if r.get("kind") == "started"]
-    assert len(starts) == 2 and dead not in hostlist.expand(starts[1], "started"), starts
-    assert fetch_sinfo_states(testbed.client)[dead].rstrip("*~#") in {"idle", "allocated", "mixed"}
+    campaign.check(len(starts) == 2 and dead not in hostlist.expand(starts[1], "started"))
+    campaign.check(fetch_sinfo_states(testbed.client)[dead].rstrip("*~#") in {"idle", "allocated", "mixed"})

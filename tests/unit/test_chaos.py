@@ -1,22 +1,26 @@
 """The fault schedule, the bit-for-bit comparison, each fault's outcome and the campaign's verdict; bad input."""
 
 import json
+import random
 import subprocess
 from pathlib import Path
 
+import click
 import pytest
 
-from air_hpc.chaos.campaign import Campaign, CampaignError, run_campaign
-from air_hpc.chaos.inject import check_cluster
+from air_hpc.chaos.campaign import Campaign, CampaignError, _strike, _Watch, run_campaign
+from air_hpc.chaos.inject import Target, check_cluster
 from air_hpc.chaos.outcome import CampaignResult, Injection, fault_outcome, format_result, outcomes
 from air_hpc.chaos.schedule import FAULT_KINDS, Fault, parse_kinds, plan
+from air_hpc.cli.main import COMMANDS
 from air_hpc.errors import UserError
+from air_hpc.exitcodes import ExitCode
 from air_hpc.observe.compare import Comparison, compare_runs, loss_mismatches
 from air_hpc.observe.records import RunRecords, parse_events, parse_steps
 from air_hpc.records.rundir import RunDir
 from air_hpc.resilience.store import FileEntry, Manifest, step_name
 from air_hpc.slurm.client import SlurmClient
-from air_hpc.slurm.fake import FakeSlurm
+from air_hpc.slurm.fake import FakeJob, FakeSlurm
 from air_hpc.slurm.jobs import JobState
 from air_hpc.train import data
 from tests.unit.test_cli import TESTBED_JOB, run_main
@@ -35,9 +39,18 @@ def test_every_kind_strikes_before_any_repeats_at_ascending_steps_inside_the_run
     assert [f.number for f in faults] == list(range(1, 9))
     assert set(f.kind for f in faults) == set(FAULT_KINDS)
     steps = [f.after_step for f in faults]
-    assert steps == sorted(steps) and steps[0] >= 1 and steps[-1] <= 11
-    assert all(0.0 <= f.delay_s <= 1.0 for f in faults)
+    assert steps == sorted(steps) and steps[0] >= 1 and steps[-1] <= 10
+    assert all(0.0 <= f.delay_steps <= 1.0 for f in faults)
     assert plan(("preempt",), 0, seed=1, total_steps=12) == ()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_fault_lands_with_a_whole_step_left_after_it(seed: int) -> None:
+    """A fault follows its step by less than a step, so it lands inside the next one: never the last step when the
+    run has more than two (a fault after step 9 of 10 strikes as the run ends on a fast machine)."""
+    for total in (2, 3, 10):
+        faults = plan(("preempt", "hang"), 4, seed=seed, total_steps=total)
+        assert all(1 <= f.after_step <= max(1, total - 2) for f in faults)
 
 
 def test_fault_kinds_are_parsed_once_each() -> None:
@@ -121,8 +134,8 @@ def _records(steps: list[tuple[int, float]], events: list[dict[str, object]]) ->
     )
 
 
-def _injection(number: int, kind: str, at: float, missed: str = "", step: int = 0) -> Injection:
-    return Injection(Fault(number, kind, 1, 0.0), at, "" if missed else "rank 1 pid 9 on n2", step, missed)
+def _injection(number: int, kind: str, at: float, skipped: str = "", step: int = 0) -> Injection:
+    return Injection(Fault(number, kind, 1, 0.0), at, "" if skipped else "rank 1 pid 9 on n2", step, skipped)
 
 
 def test_a_killed_rank_is_detected_resumed_and_its_steps_since_the_checkpoint_counted_lost() -> None:
@@ -173,37 +186,130 @@ def test_a_restart_without_a_usable_checkpoint_lost_every_step_reached() -> None
     assert (outcome.resumed_from_step, outcome.steps_lost) == (0, 3)
 
 
-def test_a_straggler_needs_no_restart_and_a_missed_fault_never_recovered() -> None:
+def test_a_straggler_needs_no_restart_and_a_skipped_fault_is_not_lost() -> None:
     records = _records([(1, 101.0), (2, 102.0), (3, 109.0)], [])
     first, second = outcomes(records, [_injection(1, "straggler", 102.5), _injection(2, "ckpt-kill", 110.0, "gone")])
     assert (first.resumed_after_s, first.resumed_from_step, first.steps_lost) == (pytest.approx(6.5), None, 0)
-    assert first.detected_after_s is None
-    assert second.resumed_after_s is None and second.target == "not injected: gone"
+    assert first.detected_after_s is None and not first.lost
+    assert second.resumed_after_s is None and second.skipped == "gone" and not second.lost
 
 
-def test_nothing_lost_needs_completion_recovery_and_bit_for_bit_equality() -> None:
-    events = [
-        {"time": 102.0, "kind": "signal"},
-        {"time": 138.0, "kind": "start"},
-        {"time": 139.0, "kind": "resume", "step": 1},
-    ]
-    records = _records([(1, 101.0), (2, 140.0)], events)
-    recovered = outcomes(records, [_injection(1, "preempt", 101.5)])
-    same = Comparison(True, True, (), "")
+SAME = Comparison(True, True, (), "")
+PREEMPTED = _records(
+    [(1, 101.0), (2, 140.0)],
+    [{"time": 102.0, "kind": "signal"}, {"time": 138.0, "kind": "start"}, {"time": 139.0, "kind": "resume", "step": 1}],
+)
+TEN_STEPS = [(s, 100.0 + s) for s in range(1, 11)]
+#: The preemption landed in the last step: stop at step 10, requeue, the restart resumed at 10 with nothing to train.
+RESUMED_AT_THE_LAST_STEP = _records(
+    TEN_STEPS,
+    [
+        {"time": 110.1, "kind": "stop", "step": 10},
+        {"time": 110.5, "kind": "requeue", "exit_code": 85},
+        {"time": 130.0, "kind": "start"},
+        {"time": 131.0, "kind": "resume", "step": 10},
+    ],
+)
 
-    def result(faults: tuple = recovered, state: str = "COMPLETED", comparison: Comparison = same) -> CampaignResult:
-        return CampaignResult(1, faults, state, comparison, 0.5, 0.8)
 
-    assert result().nothing_lost
-    assert not result(state="FAILED").nothing_lost
-    assert not result(faults=outcomes(records, [])).nothing_lost  # the job ended before the fault could strike
-    assert "1 more fault(s) scheduled: the job ended first" in format_result(result(faults=()))
-    assert not result(comparison=Comparison(False, True, ("step 2: not logged",), "")).nothing_lost
-    assert not result(faults=outcomes(records, [_injection(1, "hang", 139.5)])).nothing_lost  # no resume after it
-    text = format_result(result(comparison=Comparison(False, True, ("step 2: not logged",), "")))
-    assert " 1 preempt" in text and "losses       DIFFER\n  step 2: not logged" in text
-    assert "goodput      50.0% (reference 80.0%)" in text and "verdict      LOST" in text
-    assert result().to_json()["nothing_lost"] is True
+def _result(faults: tuple, state: str = "COMPLETED", comparison: Comparison = SAME) -> CampaignResult:
+    return CampaignResult(1, faults, state, comparison, 0.5, 0.8)
+
+
+@pytest.mark.parametrize(
+    ("result", "nothing_lost", "verdict"),
+    [
+        pytest.param(
+            _result(outcomes(PREEMPTED, [_injection(1, "preempt", 101.5)])), True, "nothing lost", id="recovered"
+        ),
+        pytest.param(
+            _result(
+                outcomes(PREEMPTED, [_injection(1, "preempt", 101.5)]), comparison=Comparison(False, True, ("x",), "")
+            ),
+            False,
+            "LOST: losses differ from the reference",
+            id="lost-losses",
+        ),
+        pytest.param(
+            _result(outcomes(PREEMPTED, [_injection(1, "hang", 139.5)])),
+            False,
+            "LOST: fault 1 (hang) not recovered from",
+            id="lost-no-resume",
+        ),
+        pytest.param(
+            _result(outcomes(PREEMPTED, [_injection(1, "hang", 139.5, skipped="the job had ended (COMPLETED)")])),
+            True,
+            "nothing lost (1 of 1 fault(s) skipped, see above)",
+            id="not-injected",
+        ),
+        pytest.param(
+            _result(outcomes(RESUMED_AT_THE_LAST_STEP, [_injection(1, "preempt", 109.5, step=9)])),
+            True,
+            "nothing lost",
+            id="landed-in-the-last-step",
+        ),
+        pytest.param(
+            _result(outcomes(_records(TEN_STEPS, []), [_injection(1, "preempt", 110.2, step=10)])),
+            True,
+            "nothing lost (1 of 1 fault(s) skipped, see above)",
+            id="after-the-last-step",
+        ),
+        pytest.param(
+            _result(outcomes(PREEMPTED, [_injection(1, "preempt", 101.5)]), state="FAILED"),
+            False,
+            "LOST: final state FAILED",
+            id="run-failed",
+        ),
+        pytest.param(_result(()), False, "LOST: 1 scheduled fault(s) without an outcome", id="no-outcome"),
+    ],
+)
+def test_the_verdict_and_the_exit_code_say_the_same_thing(
+    result: CampaignResult, nothing_lost: bool, verdict: str
+) -> None:
+    """The exit code is the verdict's, in every outcome (issue 28: a lost campaign exited 0)."""
+    assert result.nothing_lost is nothing_lost and result.verdict == verdict
+    assert result.exit_code == (ExitCode.OK if nothing_lost else ExitCode.FAILURE)
+    data = result.to_json()
+    assert (data["nothing_lost"], data["verdict"], data["exit_code"]) == (nothing_lost, verdict, int(result.exit_code))
+    assert f"verdict      {verdict}" in format_result(result)
+
+
+def test_a_fault_in_the_last_step_recovered_when_the_restart_resumed_there() -> None:
+    (fault,) = outcomes(RESUMED_AT_THE_LAST_STEP, [_injection(1, "preempt", 109.5, step=9)])
+    assert (fault.detected_after_s, fault.resumed_after_s) == (pytest.approx(0.6), pytest.approx(21.5))
+    assert (fault.resumed_from_step, fault.steps_lost, fault.skipped) == (10, 0, "")
+
+
+def test_a_fault_the_run_went_on_training_through_is_lost_not_skipped() -> None:
+    """No restart after a preemption, yet steps went on: the signal was ignored, a bug the campaign must report."""
+    (fault,) = outcomes(_records(TEN_STEPS, []), [_injection(1, "preempt", 105.5, step=5)])
+    assert fault.lost and not fault.skipped
+
+
+def test_the_report_names_each_skipped_fault_and_the_losses() -> None:
+    skipped = _injection(2, "hang", 150.0, skipped="the run had trained its last step (2 of 2) before it could strike")
+    faults = outcomes(PREEMPTED, [_injection(1, "preempt", 101.5), skipped])
+    text = format_result(
+        CampaignResult(2, faults, "COMPLETED", Comparison(False, True, ("step 2: not logged",), ""), 0.5, 0.8)
+    )
+    assert " 1 preempt" in text and " 2 hang          skipped: the run had trained its last step (2 of 2)" in text
+    assert "losses       DIFFER\n  step 2: not logged" in text
+    assert "goodput      50.0% (reference 80.0%)" in text and "verdict      LOST: losses differ" in text
+
+
+@click.command()
+def verdict_probe() -> None:
+    click.get_current_context().exit(ExitCode.FAILURE)
+
+
+def test_a_verdict_s_exit_code_leaves_main_in_every_entry_point(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ctx.exit(1)`` inside a command came back from click as a return value: ``python -m air_hpc`` and the tests'
+    run_main exited 0 where the ``air-hpc`` script exited 1 (the chaos test passed ``code == 0`` on a lost run)."""
+    monkeypatch.setitem(COMMANDS, "verdict-probe", f"{__name__}:verdict_probe")
+    code, _, _ = run_main(["verdict-probe"], capsys)
+    assert code == ExitCode.FAILURE
 
 
 # ---- the command's bad input -----------------------------------------------------
@@ -251,3 +357,43 @@ def test_a_campaign_that_cannot_go_on_cancels_both_copies(tmp_path: Path) -> Non
         run_campaign(campaign, fake)
     assert len(fake.jobs) == 2
     assert all(job.state == JobState.CANCELLED for job in fake.jobs.values())
+
+
+def _target(tmp_path: Path, steps: int, state: JobState = JobState.RUNNING) -> tuple[FakeSlurm, Target]:
+    """A running job on the fake cluster whose run has logged ``steps`` steps."""
+    fake = FakeSlurm()
+    fake.jobs["7"] = FakeJob("7", "chaos", 2, "", state=state, nodelist="n[1-2]")
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.path.mkdir()
+    rows = [{"step": s, "loss": 1.0, "step_time_s": 0.1, "time": 100.0 + s} for s in range(1, steps + 1)]
+    run_dir.metrics.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return fake, Target("7", run_dir, fake, "USR2", 2, random.Random(1))
+
+
+def _strike_one(tmp_path: Path, steps: int, state: JobState = JobState.RUNNING) -> tuple[FakeSlurm, Injection]:
+    fake, target = _target(tmp_path, steps, state)
+    campaign = Campaign(Path(TESTBED_JOB), (), ("preempt",), 1, 1, tmp_path, timeout_s=5.0, poll_s=0.01)
+    seen: list[Injection] = []
+    (injection,) = _strike(
+        campaign, plan(("preempt",), 1, seed=1, total_steps=10), _Watch(target, campaign, 10), seen.append
+    )
+    assert seen == [injection]  # announced as it happened
+    return fake, injection
+
+
+def test_a_fault_strikes_at_its_step_while_training_is_left(tmp_path: Path) -> None:
+    fake, injection = _strike_one(tmp_path, steps=9)
+    assert fake.jobs["7"].signals == ["USR2"] and not injection.skipped and injection.step == 9
+
+
+def test_a_fault_is_never_injected_after_the_run_trained_its_last_step(tmp_path: Path) -> None:
+    """Issue 28: the run got to step 10 of 10 before the fault's moment (a fast machine); the preemption then only
+    restarted a finished run. It is skipped, with the reason, and sent nowhere."""
+    fake, injection = _strike_one(tmp_path, steps=10)
+    assert fake.jobs["7"].signals == []
+    assert injection.skipped == "the run had trained its last step (10 of 10) before it could strike"
+
+
+def test_a_fault_is_skipped_when_the_job_ended_first(tmp_path: Path) -> None:
+    fake, injection = _strike_one(tmp_path, steps=4, state=JobState.FAILED)
+    assert fake.jobs["7"].signals == [] and injection.skipped == "the job had ended (FAILED) before it could strike"
