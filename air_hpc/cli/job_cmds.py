@@ -73,10 +73,12 @@ def submit(
     """Validate, record and submit JOB_FILE; print the job id."""
     from air_hpc.config import load_job
     from air_hpc.launch import submit as submitting
+    from air_hpc.launch.executors import make_executor
 
     job = load_job(job_file, overrides)
     client = slurm_client()
     if dry_run:
+        make_executor(executor, client).check(job)  # type: ignore[arg-type]
         submitting.check_data(job)
         planned = submitting.plan(job, None if executor == "local" else client, python=python, test_only=True)
         _report_dry_run(planned, as_json)

@@ -4,18 +4,21 @@
   (via :class:`SlurmClient`, as a recorded attempt: :mod:`air_hpc.ownership.attempts`);
   the script itself forwards the signal and requeues on the exit-code contract.
 - :class:`SubmititSlurmExecutor` (``submitit``): submitit's SlurmExecutor with
-  the same resources and selection; submitit requeues through
+  the script's own Slurm request (:func:`submitit_options`, from the same
+  :mod:`air_hpc.render.directives` list); submitit requeues through
   :class:`~air_hpc.runtime.entry.TrainingEntry`'s ``checkpoint``, on
   ``resilience.signal`` like the other two. submitit runs ``sbatch`` itself,
   outside our client, with this process's environment (so ``SLURM_CONF`` must be exported).
 - :class:`SubmititLocalExecutor` (``local``): submitit's LocalExecutor on this
   machine (one node); its controller is recorded by PID and start time.
 
-Each one records its job in submissions.jsonl; :func:`air_hpc.launch.submit.submit`
-holds the run's owner lock around it.
+Each one refuses, before anything is written, what it cannot do (``check``: hot
+spares and containers need our batch script), records its job in
+submissions.jsonl, and :func:`air_hpc.launch.submit.submit` holds the run's
+owner lock around it.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,15 +26,18 @@ from typing import Any, Protocol
 import submitit
 
 from air_hpc.config.models import JobConfig
+from air_hpc.errors import ConfigError
 from air_hpc.launch.plan import Plan
 from air_hpc.ownership.attempts import sbatch_recorded
 from air_hpc.ownership.local_job import ProcessIdentity, RecordExit
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import Executor, record_submission
 from air_hpc.render import job_environment
+from air_hpc.render.directives import NO_KILL, Directive, slurm_directives
 from air_hpc.render.quoting import shell_quote
 from air_hpc.runtime.entry import TrainingEntry
 from air_hpc.slurm.client import SlurmClient
+from air_hpc.slurm.cluster import parse_minutes
 
 #: Builds the picklable callable that submitit runs on every rank.
 EntryFactory = Callable[[Path], Callable[[], Any]]
@@ -61,6 +67,9 @@ class JobExecutor(Protocol):
     @property
     def name(self) -> Executor: ...
 
+    def check(self, job: JobConfig) -> None:
+        """Refuse (:class:`ConfigError`, naming the key) what this executor cannot do, before anything is written."""
+
     def launch(self, plan: Plan, run_dir: RunDir) -> Launched: ...
 
 
@@ -69,14 +78,21 @@ class SbatchExecutor:
     client: SlurmClient
     name: Executor = "slurm"
 
+    def check(self, job: JobConfig) -> None:
+        """Our own batch script does everything the job config asks."""
+
     def launch(self, plan: Plan, run_dir: RunDir) -> Launched:
-        return Launched(sbatch_recorded(self.client, run_dir, plan.spec.job_name))
+        return Launched(sbatch_recorded(self.client, run_dir, plan.job.run.name))
 
 
 @dataclass(frozen=True)
 class SubmititSlurmExecutor:
     entry: EntryFactory = default_entry
     name: Executor = "submitit"
+
+    def check(self, job: JobConfig) -> None:
+        _refuse_container(job, self.name)
+        submitit_options(slurm_directives(job))
 
     def launch(self, plan: Plan, run_dir: RunDir) -> Launched:
         executor = submitit.SlurmExecutor(
@@ -92,6 +108,14 @@ class SubmititSlurmExecutor:
 class SubmititLocalExecutor:
     entry: EntryFactory = default_entry
     name: Executor = "local"
+
+    def check(self, job: JobConfig) -> None:
+        res = job.resources
+        if res.nodes != 1:
+            raise ConfigError(f"resources.nodes: the local executor runs on one node, the job asks for {res.nodes}")
+        if res.spare_nodes:
+            raise ConfigError(f"resources.spare_nodes: {_NO_SPARES.format(executor=self.name)}")
+        _refuse_container(job, self.name)
 
     def launch(self, plan: Plan, run_dir: RunDir) -> Launched:
         job = plan.job
@@ -120,6 +144,20 @@ def make_executor(name: Executor, client: SlurmClient, entry: EntryFactory = def
     return SubmititLocalExecutor(entry)
 
 
+_NO_SPARES = (
+    "the {executor} executor cannot keep hot spares (restarting the step on a spare is the in-job supervisor's, "
+    "which only the slurm executor's batch script runs); use --executor slurm, or no spares"
+)
+
+
+def _refuse_container(job: JobConfig, executor: Executor) -> None:
+    if job.container is not None:
+        raise ConfigError(
+            f"container.image: the {executor} executor starts its own step without the container "
+            "(only the slurm executor's batch script runs srun under pyxis); use --executor slurm"
+        )
+
+
 def _exports(env: dict[str, str]) -> list[str]:
     return [f"export {name}={shell_quote(value)}" for name, value in sorted(env.items())]
 
@@ -129,11 +167,51 @@ def _submitit_env(job: JobConfig, env: dict[str, str]) -> dict[str, str]:
     return {**env, SUBMITIT_SIGNAL_ENV: job.resilience.signal}
 
 
-def submitit_slurm_parameters(plan: Plan, run_dir: RunDir) -> dict[str, Any]:
-    """submitit's SlurmExecutor parameters for the plan: the resources, nodes and signal our script would ask for.
+#: What submitit decides itself, whatever the script asks: the logs go into its folder (it reads them back), and
+#: the job runs in the submitting directory, from which the pickled callable's module is imported.
+SUBMITIT_DECIDES = frozenset({"output", "error", "chdir"})
 
-    Writes the rank order to the run's hostfile when the plan pins one.
+#: Options submitit reads as its own parameters: it counts the tasks it waits for from nodes x ntasks_per_node and
+#: tells a time-out from a preemption by ``time`` (minutes); it writes them as the same ``#SBATCH`` lines.
+_SUBMITIT_NATIVE = {"job-name": "job_name", "nodes": "nodes", "ntasks-per-node": "ntasks_per_node", "time": "time"}
+
+
+def submitit_options(directives: Sequence[Directive]) -> dict[str, Any]:
+    """submitit's SlurmExecutor parameters for the script's Slurm request: the same options, the same values.
+
+    Options submitit knows go in as its parameters, the rest as ``additional_parameters``.
+    submitit quotes each value for the shell, but sbatch reads a backslash as an escape even
+    inside quotes, so backslashes are doubled. The stop signal goes to every task, where
+    submitit's handler runs (no ``B:``: submitit's script has no shell of ours to forward it).
+    Raises :class:`ConfigError` naming the key of an option submitit cannot honour (hot spares).
     """
+    native: dict[str, Any] = {}
+    additional: dict[str, Any] = {}
+    for directive in directives:
+        if directive.option == NO_KILL:
+            raise ConfigError(f"{directive.key}: {_NO_SPARES.format(executor='submitit')}")
+        if directive.option in SUBMITIT_DECIDES:
+            continue
+        if directive.value is None:
+            additional[directive.option] = True
+            continue
+        value = directive.value.replace("\\", "\\\\")
+        if directive.option == "signal":
+            value = value.removeprefix("B:")
+        if directive.option in ("nodes", "ntasks-per-node"):
+            native[_SUBMITIT_NATIVE[directive.option]] = int(value)
+        elif directive.option == "time":
+            native["time"] = parse_minutes(value)
+        elif directive.option in _SUBMITIT_NATIVE:
+            native[_SUBMITIT_NATIVE[directive.option]] = value
+        else:
+            additional[directive.option] = value
+    return {**native, "additional_parameters": additional}
+
+
+def submitit_slurm_parameters(plan: Plan, run_dir: RunDir) -> dict[str, Any]:
+    """submitit's SlurmExecutor parameters for the plan: its Slurm request (:func:`submitit_options`), the
+    environment, and the rank order, which it writes to the run's hostfile when the plan pins one."""
     spec, job = plan.spec, plan.job
     setup = _exports(_submitit_env(job, dict(spec.env)))
     srun_args = ["--kill-on-bad-exit=1"]
@@ -142,37 +220,4 @@ def submitit_slurm_parameters(plan: Plan, run_dir: RunDir) -> dict[str, Any]:
         hostfile.write_text("".join(f"{h}\n" for h in spec.request.rank_hosts))
         setup.append(f"export SLURM_HOSTFILE={shell_quote(str(hostfile))}")
         srun_args.append("--distribution=arbitrary")
-    additional: dict[str, Any] = {
-        "requeue": True,
-        "open-mode": "append",
-        "signal": f"{job.resilience.signal}@{spec.signal_lead_s}",  # submitit's own default is USR2
-    }
-    if spec.switches:
-        additional["switches"] = spec.switches
-    if spec.request.segment:
-        additional["segment"] = spec.request.segment
-    if spec.reservation:
-        additional["reservation"] = spec.reservation
-    params: dict[str, Any] = {
-        "job_name": spec.job_name,
-        "nodes": spec.nodes,
-        "ntasks_per_node": spec.tasks_per_node,
-        "cpus_per_task": spec.cpus_per_task,
-        "time": spec.time_limit_min,
-        "setup": setup,
-        "srun_args": srun_args,
-        "additional_parameters": additional,
-    }
-    optional = {
-        "partition": spec.partition,
-        "account": spec.account,
-        "qos": spec.qos,
-        "constraint": spec.constraint,
-        "nodelist": spec.request.nodelist,
-        "exclude": spec.request.exclude,
-        "mem": f"{spec.mem_gb}GB" if spec.mem_gb else None,
-        "gpus_per_node": spec.gpus_per_node or None,
-        "exclusive": True if spec.exclusive else None,
-    }
-    params.update({k: v for k, v in optional.items() if v is not None})
-    return params
+    return {**submitit_options(spec.directives), "setup": setup, "srun_args": srun_args}

@@ -76,14 +76,13 @@ def submit(
 ) -> Submission:
     """Validate, record and submit; returns once the job has an id (:mod:`air_hpc.ops.waiting` follows it).
 
-    Refuses a run that is complete (:class:`RunComplete`, unless ``force``) and a run directory
-    that another live job owns (:class:`~air_hpc.ownership.owner.RunBusyError`), including a job
-    whose earlier submit lost sbatch's answer (settled first, :func:`~air_hpc.ownership.attempts.recorded_jobs`).
+    Refuses what the executor cannot do (:meth:`~air_hpc.launch.executors.JobExecutor.check`), a run
+    that is complete (:class:`RunComplete`, unless ``force``) and a run directory that another live
+    job owns (:class:`~air_hpc.ownership.owner.RunBusyError`), including a job whose earlier submit
+    lost sbatch's answer (settled first, :func:`~air_hpc.ownership.attempts.recorded_jobs`).
     """
-    if executor == "local" and job.resources.nodes != 1:
-        raise ConfigError(
-            f"resources.nodes: the local executor runs on one node, the job asks for {job.resources.nodes}"
-        )
+    backend = make_executor(executor, client, entry)
+    backend.check(job)
     final = completed_step(job)
     if final is not None and not force:
         raise RunComplete(
@@ -104,7 +103,6 @@ def submit(
     )
     for note in plan_.notes:
         log.info("%s", note)
-    backend = make_executor(executor, client, entry)
     run = RunDir.of(job)
     with claim(run, lambda owner: owner_is_live(owner, client), lambda: recorded_jobs(run, client)) as take_ownership:
         run_dir = write_run(plan_)

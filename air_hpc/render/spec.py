@@ -14,8 +14,8 @@ from air_hpc.config.models import JobConfig, SignalName
 from air_hpc.errors import ConfigError
 from air_hpc.exitcodes import ExitCode
 from air_hpc.records import names
-from air_hpc.records.rundir import RunDir
-from air_hpc.render.quoting import check_env_name, check_one_line, slurm_filename
+from air_hpc.render.directives import NO_KILL, Directive, slurm_directives
+from air_hpc.render.quoting import check_env_name, check_one_line
 from air_hpc.runtime.stop_signals import STOP_SIGNALS
 from air_hpc.slurm import hostlist
 from air_hpc.topology.request import NodeRequest
@@ -23,63 +23,34 @@ from air_hpc.topology.request import NodeRequest
 
 @dataclass(frozen=True)
 class SbatchSpec:
-    job_name: str
     run_dir: Path
+    directives: tuple[Directive, ...]
+    """What the job asks of Slurm, the ``#SBATCH`` lines (:mod:`air_hpc.render.directives`)."""
     nodes: int
+    """Training nodes, without the spares: the step's ``srun --nodes``."""
     tasks_per_node: int
     cpus_per_task: int
-    gpus_per_node: int
-    mem_gb: int | None
-    time_limit_min: int
-    exclusive: bool
-    partition: str | None
-    account: str | None
-    qos: str | None
-    reservation: str | None
-    constraint: str | None
     signal: SignalName
-    signal_lead_s: int
     max_restarts: int
-    switches_wait_min: int
     step_command: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
     """Sorted (name, value) pairs exported before the step starts."""
     request: NodeRequest = field(default_factory=NodeRequest)
     container_image: str | None = None
     container_mounts: tuple[str, ...] = ()
-    spare_nodes: int = 0
-    """Hot spares allocated beside ``nodes``, for the supervisor to restart the step on."""
     supervisor_command: tuple[str, ...] = ()
     """The in-job supervisor that runs the ``srun`` step: dead-node probe, hang backstop, restarts on spares."""
     batch_command: tuple[str, ...] = ()
     """The batch script's Python half (``air_hpc.runtime.batch``): start, events, requeue decision."""
 
     @property
-    def allocated_nodes(self) -> int:
-        """Nodes asked from Slurm: the training nodes plus the hot spares."""
-        return self.nodes + self.spare_nodes
-
-    @property
     def world_size(self) -> int:
         return self.nodes * self.tasks_per_node
 
     @property
-    def output_pattern(self) -> str:
-        return f"{slurm_filename(str(RunDir(self.run_dir).logs))}/{names.BATCH_STDOUT}"
-
-    @property
-    def error_pattern(self) -> str:
-        return f"{slurm_filename(str(RunDir(self.run_dir).logs))}/{names.BATCH_STDERR}"
-
-    @property
-    def time_limit(self) -> str:
-        return slurm_duration(self.time_limit_min)
-
-    @property
-    def switches(self) -> str | None:
-        if self.request.nodelist or not self.request.switches:
-            return None
-        return f"{self.request.switches}@{slurm_duration(self.switches_wait_min)}"
+    def has_spares(self) -> bool:
+        """Hot spares are allocated beside the nodes (the request keeps the job alive when a node dies)."""
+        return any(d.option == NO_KILL for d in self.directives)
 
     @property
     def exports_master(self) -> bool:
@@ -92,6 +63,7 @@ class SbatchSpec:
         """The template's variables: exit codes from ``air_hpc.exitcodes``, file names from ``air_hpc.records``."""
         return {
             "spec": self,
+            "no_kill": NO_KILL,
             "exit_failure": int(ExitCode.FAILURE),
             "hostfile_name": names.HOSTFILE,
             "armed_prefix": names.ARMED_FILE_PREFIX,
@@ -99,14 +71,6 @@ class SbatchSpec:
             "supervisor_armed_file": names.SUPERVISOR_ARMED_FILE,
             "supervisor_stop_signals": tuple(dict.fromkeys((self.signal, *STOP_SIGNALS))),
         }
-
-
-def slurm_duration(minutes: int) -> str:
-    """Minutes as Slurm's ``D-HH:MM:SS`` (days only when needed)."""
-    days, rest = divmod(minutes, 24 * 60)
-    hours, mins = divmod(rest, 60)
-    clock = f"{hours:02d}:{mins:02d}:00"
-    return f"{days}-{clock}" if days else clock
 
 
 def job_environment(job: JobConfig) -> dict[str, str]:
@@ -175,33 +139,20 @@ def build_spec(
         check_env_name(name, f"env.{name}")
         check_one_line(value, f"env.{name}")
     env = {**job_environment(job), **(extra_env or {})}
-    res, cluster, resil = job.resources, job.cluster, job.resilience
-    container = job.container
+    res, container = job.resources, job.container
     return SbatchSpec(
-        job_name=job.run.name,
         run_dir=run_dir,
+        directives=slurm_directives(job, request),
         nodes=res.nodes,
         tasks_per_node=res.tasks_per_node,
         cpus_per_task=res.cpus_per_task,
-        gpus_per_node=job.hardware.gpus_per_node if job.hardware.device == "cuda" else 0,
-        mem_gb=res.mem_gb,
-        time_limit_min=res.time_limit_min,
-        exclusive=cluster.exclusive,
-        partition=cluster.partition,
-        account=cluster.account,
-        qos=cluster.qos,
-        reservation=cluster.reservation,
-        constraint=cluster.constraint,
-        signal=resil.signal,
-        signal_lead_s=resil.signal_lead_s,
-        max_restarts=resil.max_restarts,
-        switches_wait_min=job.placement.switches_wait_min,
+        signal=job.resilience.signal,
+        max_restarts=job.resilience.max_restarts,
         step_command=command,
         env=tuple(sorted(env.items())),
         request=request,
         container_image=container.image if container else None,
         container_mounts=_container_mounts(job, run_dir),
-        spare_nodes=res.spare_nodes,
         supervisor_command=supervisor_command(job, run_dir, python),
         batch_command=batch_command(job, python),
     )

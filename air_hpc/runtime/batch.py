@@ -23,6 +23,7 @@ What the submitit executor (``--executor submitit``) has and lacks next to this 
 ===============================================  ==========  ===============================================
 resilience feature                               submitit    with submitit instead
 ===============================================  ==========  ===============================================
+the Slurm request (``#SBATCH`` options)        yes         the same list (``render/directives.py``)
 rank order from the placement (hostfile)       yes         written once at submit
 rank order fitted to a requeue's allocation    no          the first submission's hostfile
 stop signal forwarded once every rank is armed no          submitit's signal reaches every rank directly
@@ -33,7 +34,8 @@ the ranks' verdict over srun's 143             no
 bad nodes kept out of the next start           no          ``--exclude`` at submit only
 hang backstop, dead-node probe (supervisor)    no          the ranks' own watchdogs only
 ``started`` lines in submissions.jsonl         no          reports use the ranks' ``start`` events
-hot spares (in-job supervisor)                 no          ``resources.spare_nodes`` is not allocated
+hot spares (in-job supervisor)                 no          refused: ``resources.spare_nodes`` exits 2
+pyxis container (``srun --container-image``)   no          refused: ``container.image`` exits 2
 MASTER_PORT from the job id                    yes         ``runtime.entry`` derives it the same way
 ===============================================  ==========  ===============================================
 """
