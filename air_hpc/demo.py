@@ -24,7 +24,7 @@ from air_hpc.ops.control import run_status, watch_run
 from air_hpc.ops.waiting import describe_failure, wait_deadline_s, wait_slurm
 from air_hpc.records.jsonl import read_jsonl
 from air_hpc.records.rundir import RunDir
-from air_hpc.slurm.client import SlurmClient
+from air_hpc.slurm.client import ONCE, SlurmClient
 from air_hpc.slurm.jobs import JobStatus
 from air_hpc.testbed import Testbed
 from air_hpc.train import data
@@ -126,7 +126,7 @@ def _preempt_and_wait(
 ) -> JobStatus:
     """Signal the job as a preemption would at ``preempt_at_step``, wait for its end, and show its events."""
     reached = wait_for_step(run_dir, preempt_at_step, client, job_id, timeout_s=300)
-    client.run(["scancel", f"--signal={job.resilience.signal}", "--batch", job_id], retry=False)
+    client.scancel(job_id, signal=job.resilience.signal, batch=True, retry=ONCE)
     echo(f"preempting at step {reached}: scancel --signal={job.resilience.signal} --batch {job_id}")
 
     def show(change: JobStatus) -> None:

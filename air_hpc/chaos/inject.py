@@ -117,8 +117,8 @@ def slurm_preempt(target: Target) -> str:
     status = target.client.job_status(target.job_id)
     if status is None or not status.nodelist:
         raise InjectionError(f"job {target.job_id}: no nodes to preempt")
-    argv = ["sbatch", "--parsable", f"--partition={URGENT_PARTITION}", f"--nodelist={status.nodelist}", "--exclusive"]
-    blocker = target.client.run([*argv, "--output=/dev/null", "--wrap=sleep 1"], retry=False).stdout.strip()
+    options = [f"--partition={URGENT_PARTITION}", f"--nodelist={status.nodelist}", "--exclusive", "--output=/dev/null"]
+    blocker = target.client.sbatch_wrap("sleep 1", options)
     return f"job {blocker} in {URGENT_PARTITION} on {status.nodelist}"
 
 

@@ -12,7 +12,8 @@ from air_hpc.cli.options import echo_json, json_option, set_option, slurm_client
 from air_hpc.config import load_job
 from air_hpc.doctor.checks import Finding, cluster_findings, job_findings
 from air_hpc.doctor.profile import check_name, check_target, draft_profile, render_profile, write_profile
-from air_hpc.slurm.cluster import ClusterFacts, probe_cluster
+from air_hpc.slurm.cluster import ClusterFacts
+from air_hpc.slurm.survey import probe_cluster
 
 
 def _facts() -> ClusterFacts:

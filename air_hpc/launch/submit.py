@@ -28,7 +28,6 @@ from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import Executor
 from air_hpc.resilience.store import CheckpointStore
 from air_hpc.slurm.client import SlurmClient
-from air_hpc.slurm.cluster import PARTITION_ARGS, parse_partitions
 from air_hpc.train.data import check_for_training
 
 log = logging.getLogger(__name__)
@@ -124,7 +123,7 @@ def check_grace(job: JobConfig, client: SlurmClient) -> None:
     if measured_s is None:
         return
     try:
-        partitions = parse_partitions(client.run(list(PARTITION_ARGS)).stdout)
+        partitions = client.partitions()
     except SlurmUnreachableError as exc:
         log.warning("cannot compare the save time with the partition's GraceTime: %s", exc)
         return

@@ -41,17 +41,15 @@ MASTER_PORT from the job id                    yes         ``runtime.entry`` der
 """
 
 import argparse
-import datetime
 import logging
 import os
-import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from air_hpc.errors import AirHpcError
+from air_hpc.errors import AirHpcError, SlurmError
 from air_hpc.exitcodes import NEVER_REQUEUED, REQUEUE_WORTHY, ExitCode
 from air_hpc.health.badnodes import read_bad_nodes
 from air_hpc.records.events import EventLog
@@ -60,14 +58,11 @@ from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import record_start
 from air_hpc.runtime.rendezvous import master_port
 from air_hpc.slurm import hostlist
-from air_hpc.slurm.client import SlurmClient
+from air_hpc.slurm.client import IN_JOB, SlurmClient
 from air_hpc.slurm.env import JOB_NODELIST, SlurmEnv
-from air_hpc.slurm.jobs import parse_scontrol_job
+from air_hpc.slurm.jobs import Preemption
 
 log = logging.getLogger(__name__)
-
-#: Slurm 24.05 and newer requeue a preempted job that ends within GraceTime themselves.
-SLURM_REQUEUES_PREEMPTED_FROM = (24, 5)
 
 
 class BatchError(AirHpcError):
@@ -142,52 +137,13 @@ def _lines(path: Path) -> list[str]:
     return [line.strip() for line in path.read_text().splitlines() if line.strip()]
 
 
-@dataclass(frozen=True)
-class Preemption:
-    """Slurm's own preemption (PreemptMode=REQUEUE) of this job, as ``scontrol show job`` tells it."""
-
-    grace_s: int
-    ended_after_s: int
-    requeue_by: str
-    """``slurm`` where Slurm requeues a job that ended within GraceTime itself (24.05+), else ``batch``."""
-
-    @property
-    def fit(self) -> bool:
-        return self.ended_after_s <= self.grace_s
-
-
-def preemption(fields: Mapping[str, str], version: tuple[int, int], now_s: float) -> Preemption | None:
-    """A PreemptTime on the job means Slurm preempted it; EndTime is the end of its GraceTime. Pure."""
-    preempt_at = _epoch(fields.get("PreemptTime", ""))
-    if preempt_at is None:
-        return None
-    end_at = _epoch(fields.get("EndTime", "")) or preempt_at
-    requeue_by = "slurm" if version >= SLURM_REQUEUES_PREEMPTED_FROM else "batch"
-    return Preemption(end_at - preempt_at, int(now_s) - preempt_at, requeue_by)
-
-
-def slurm_version(text: str) -> tuple[int, int]:
-    """``slurm 22.05.8`` -> (22, 5); (0, 0) when unreadable (treated as old)."""
-    match = re.search(r"([0-9]+)\.([0-9]+)", text)
-    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
-
-
-def _epoch(text: str) -> int | None:
-    """Slurm's local ``2026-12-03T07:12:18`` as epoch seconds; None for ``None``/``Unknown``."""
-    try:
-        return int(datetime.datetime.fromisoformat(text).timestamp())
-    except ValueError:
-        return None
-
-
 def slurm_preemption(client: SlurmClient, job_id: str) -> Preemption | None:
-    """Asked once, as the job ends: no retries (an unanswered question means "not preempted")."""
-    shown = client.run(["scontrol", "--oneliner", "show", "job", job_id], check=False)
-    fields = parse_scontrol_job(shown.stdout) if shown.returncode == 0 else {}
-    if _epoch(fields.get("PreemptTime", "")) is None:
+    """Asked once, briefly, as the job ends: an unanswered question means "not preempted"."""
+    try:
+        return client.preemption(job_id, retry=IN_JOB)
+    except SlurmError as exc:
+        log.warning("cannot tell whether Slurm preempted the job: %s", exc)
         return None
-    version = client.run(["scontrol", "--version"], check=False).stdout
-    return preemption(fields, slurm_version(version), time.time())
 
 
 def finish(
@@ -239,12 +195,12 @@ def requeue(run_dir: RunDir, job: JobStart, pinned: str | None, client: SlurmCli
     bad = read_bad_nodes(run_dir.bad_nodes)
     if not bad:
         return
-    update = [f"ExcNodeList={','.join(bad)}"]
+    update = {"ExcNodeList": ",".join(bad)}
     if pinned:
         healthy = [host for host in hostlist.expand(pinned, "--pinned") if host not in set(bad)]
-        update.append(f"ReqNodeList={','.join(healthy)}")
+        update["ReqNodeList"] = ",".join(healthy)
     say(f"the next start avoids bad node(s) {','.join(bad)}")
-    client.run(["scontrol", "update", f"jobid={job.job_id}", *update], retry=False)
+    client.update_job(job.job_id, update)
 
 
 def _parser() -> argparse.ArgumentParser:

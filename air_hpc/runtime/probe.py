@@ -24,12 +24,6 @@ def probe_dead(
     env = {k: v for k, v in client.env.items() if k != slurm_env.HOSTFILE}  # the probe places its one task itself
     probe = SlurmClient(env=env, timeout_s=timeout_s, retries=0)
 
-    def alive(host: str) -> bool:
-        args = ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}", "true"]
-        if job_id:
-            args.insert(1, f"--jobid={job_id}")
-        return probe.run(args, check=False, retry=False).returncode == 0
-
     with ThreadPoolExecutor(max_workers=min(32, len(hosts)) or 1) as pool:
-        answers = list(pool.map(alive, hosts))
+        answers = list(pool.map(lambda host: probe.step_finishes(host, job_id), hosts))
     return tuple(h for h, ok in zip(hosts, answers, strict=True) if not ok)

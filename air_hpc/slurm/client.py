@@ -2,9 +2,12 @@
 
 Every call has a timeout, logs its command line, and keeps stderr on the error.
 Tests inject a fake with the same methods instead of patching subprocess.
-Read-only queries retry with backoff when the controller does not answer;
-``sbatch`` never retries by itself, so a slow controller cannot cause a
-duplicate submission.
+How long a call keeps asking a controller that does not answer is its
+:class:`RetryPolicy`, chosen per call: read-only queries retry with backoff
+(:data:`PATIENT`); ``sbatch`` and other requests a blind retry could repeat
+try once (:data:`ONCE`), so a slow controller cannot cause a duplicate
+submission; the batch script's helper, inside a running job, tries once and
+briefly (:data:`IN_JOB`).
 """
 
 import logging
@@ -13,10 +16,12 @@ import shlex
 import subprocess
 import time
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from air_hpc.digits import ascii_int
 from air_hpc.errors import ConfigError, SlurmError, SlurmUnreachableError
+from air_hpc.slurm.cluster import PARTITION_ARGS, Partition, parse_partitions
 from air_hpc.slurm.controller import describe, refused_everywhere
 from air_hpc.slurm.jobs import (
     SACCT_FIELDS,
@@ -25,15 +30,19 @@ from air_hpc.slurm.jobs import (
     TAGGED_FORMAT,
     JobRecord,
     JobStatus,
+    Preemption,
     TestOnlyResult,
     merge_status,
+    parse_preemption,
     parse_sacct,
     parse_sbatch_parsable,
     parse_scontrol_job,
     parse_squeue,
     parse_tagged,
     parse_test_only,
+    slurm_epoch,
 )
+from air_hpc.slurm.version import SlurmVersion, parse_version
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +79,37 @@ def deadline_from_env(env: Mapping[str, str]) -> float:
     return value
 
 
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long one call keeps asking a controller that does not answer (a refused request is never retried).
+
+    ``retries``: further attempts after the first (None: the client's ``retries``). ``deadline_s``:
+    the most the call may take, attempts and waits together (None: the client's deadline,
+    ``$AIR_HPC_SLURM_DEADLINE_S``, which also caps a shorter one).
+    """
+
+    retries: int | None = None
+    deadline_s: float | None = None
+
+
+#: Read-only queries: retry with backoff until the client's deadline.
+PATIENT = RetryPolicy()
+#: Requests a blind retry could repeat (a second job, a second signal, a second requeue): one attempt.
+ONCE = RetryPolicy(retries=0)
+#: Inside a running job (the batch script's helper, as a start ends): one attempt of at most 10 s.
+IN_JOB = RetryPolicy(retries=0, deadline_s=10.0)
+
+
 #: ``scontrol show`` words answered from slurm.conf alone, without the controller.
 _OFFLINE_SCONTROL = frozenset({"hostnames", "hostlist", "hostlistsorted"})
 
 
 def talks_to_slurmctld(args: Sequence[str]) -> bool:
-    """Whether the command needs slurmctld (sacct talks to slurmdbd, ``scontrol show hostnames`` to no one)."""
+    """Whether the command needs slurmctld (sacct talks to slurmdbd, ``scontrol show hostnames`` and ``--version``
+    to no one)."""
     if not args or args[0] not in ("sbatch", "squeue", "scancel", "scontrol", "sinfo", "srun", "salloc"):
+        return False
+    if "--version" in args[1:]:
         return False
     words = [a for a in args[1:] if not a.startswith("-")]
     offline = args[0] == "scontrol" and len(words) > 1 and words[0] == "show" and words[1] in _OFFLINE_SCONTROL
@@ -116,16 +149,16 @@ class SlurmClient:
         *,
         input_text: str | None = None,
         timeout_s: float | None = None,
-        retry: bool = True,
+        retry: RetryPolicy = PATIENT,
         check: bool = True,
     ) -> subprocess.CompletedProcess[str]:
-        """Run one Slurm command; retry only read-only calls when the controller is unreachable.
+        """Run one Slurm command; while the controller does not answer, retry as ``retry`` allows.
 
         A controller that refuses connections fails ``sbatch`` before it runs
         (nothing submitted) and any other call once it is slow to answer; one that
-        does not answer is retried (one warning line each) until the client's
+        does not answer is retried (one warning line each) until the call's
         deadline, which bounds every attempt and wait together; for one more
-        deadline after that, calls fail without waiting again. ``check=False``
+        client deadline after that, calls fail without waiting again. ``check=False``
         (the caller reads the answer itself, e.g. ``scontrol ping``) skips both.
         """
         if check:
@@ -134,8 +167,9 @@ class SlurmClient:
             refused = self.controller_refused() if args[0] == "sbatch" else None
             if refused is not None:
                 raise NotRun(f"Slurm controller unreachable: connection refused at {refused} (is slurmctld running?)")
-        deadline = time.monotonic() + self.deadline_s
-        attempts = 1 + (self.retries if retry else 0)
+        deadline_s = self.deadline_s if retry.deadline_s is None else min(retry.deadline_s, self.deadline_s)
+        deadline = time.monotonic() + deadline_s
+        attempts = 1 + (self.retries if retry.retries is None else retry.retries)
         delay = self.backoff_s
         stderr = ""
         for attempt in range(1, attempts + 1):
@@ -159,7 +193,7 @@ class SlurmClient:
                 attempts,
                 delay,
                 left,
-                self.deadline_s,
+                deadline_s,
                 DEADLINE_ENV,
             )
             time.sleep(delay)
@@ -167,8 +201,7 @@ class SlurmClient:
         last = stderr.splitlines()[-1] if stderr else "no answer"
         self._mark_down(last)
         raise SlurmUnreachableError(
-            f"Slurm controller unreachable: {args[0]} gave no answer within {self.deadline_s:g} s "
-            f"(${DEADLINE_ENV}): {last}"
+            f"Slurm controller unreachable: {args[0]} gave no answer within {deadline_s:g} s (${DEADLINE_ENV}): {last}"
         )
 
     def _mark_down(self, reason: str) -> None:
@@ -228,7 +261,8 @@ class SlurmClient:
                 )
         return subprocess.CompletedProcess(list(args), proc.returncode, out, err)
 
-    # Typed calls. Parsing lives in air_hpc.slurm.jobs; these only choose the arguments.
+    # Typed calls. Parsing lives in air_hpc.slurm.jobs, cluster and version; these choose the arguments and,
+    # unless a caller knows better, the retry policy.
 
     def sbatch(self, script_path: Path, extra_args: Sequence[str] = ()) -> str:
         """Submit a batch script; return the job id.
@@ -236,8 +270,15 @@ class SlurmClient:
         Never retried: when the controller times out the job may still have
         been accepted, and a blind retry would submit it twice.
         """
+        return self._submit(["sbatch", "--parsable", *extra_args, str(script_path)])
+
+    def sbatch_wrap(self, command: str, extra_args: Sequence[str] = ()) -> str:
+        """Submit ``command`` as a one-line batch job (``sbatch --wrap``); return the job id. Never retried."""
+        return self._submit(["sbatch", "--parsable", *extra_args, f"--wrap={command}"])
+
+    def _submit(self, args: list[str]) -> str:
         try:
-            result = self.run(["sbatch", "--parsable", *extra_args, str(script_path)], retry=False)
+            result = self.run(args, retry=ONCE)
         except NotRun:
             raise
         except SlurmUnreachableError as exc:
@@ -245,7 +286,14 @@ class SlurmClient:
         return parse_sbatch_parsable(result.stdout)
 
     def find_submitted(
-        self, token: str, user: str, since_s: float, workdir: Path, known: Collection[str] = ()
+        self,
+        token: str,
+        user: str,
+        since_s: float,
+        workdir: Path,
+        known: Collection[str] = (),
+        *,
+        retry: RetryPolicy = PATIENT,
     ) -> str | None:
         """The job id of the ``sbatch --comment=TOKEN`` this user ran after ``since_s``; None when Slurm has none.
 
@@ -254,7 +302,7 @@ class SlurmClient:
         keeps it and else by working directory (our script's ``--chdir``, the
         run directory). Raises SlurmUnreachableError when it cannot tell.
         """
-        queued = self.run(["squeue", "--noheader", f"--user={user}", f"--format={TAGGED_FORMAT}"])
+        queued = self.run(["squeue", "--noheader", f"--user={user}", f"--format={TAGGED_FORMAT}"], retry=retry)
         for job_id, _, comment in parse_tagged(queued.stdout):
             if comment == token:
                 return job_id
@@ -269,7 +317,7 @@ class SlurmClient:
             f"--format={','.join(TAGGED_FIELDS)}",
         ]
         try:
-            accounted = self.run(args).stdout
+            accounted = self.run(args, retry=retry).stdout
         except SlurmUnreachableError:
             raise
         except SlurmError as exc:
@@ -282,26 +330,28 @@ class SlurmClient:
         same_dir = [j for j, where, comment in found if not comment and where == str(workdir) and j not in known]
         return same_dir[-1] if same_dir else None
 
-    def sbatch_test_only(self, script_path: Path) -> TestOnlyResult:
+    def sbatch_test_only(self, script_path: Path, *, retry: RetryPolicy = PATIENT) -> TestOnlyResult:
         """Ask the controller whether and where the script would run, without submitting it."""
-        result = self.run(["sbatch", "--test-only", str(script_path)])
+        result = self.run(["sbatch", "--test-only", str(script_path)], retry=retry)
         return parse_test_only(result.stderr + result.stdout)
 
-    def squeue(self, job_ids: Sequence[str] = (), user: str | None = None) -> list[JobRecord]:
+    def squeue(
+        self, job_ids: Sequence[str] = (), user: str | None = None, *, retry: RetryPolicy = PATIENT
+    ) -> list[JobRecord]:
         args = ["squeue", "--noheader", f"--format={SQUEUE_FORMAT}"]
         if job_ids:
             args.append(f"--jobs={','.join(job_ids)}")
         if user:
             args.append(f"--user={user}")
         try:
-            result = self.run(args)
+            result = self.run(args, retry=retry)
         except SlurmError as exc:
             if "Invalid job id" in str(exc) and not isinstance(exc, SlurmUnreachableError):
                 return []
             raise
         return parse_squeue(result.stdout)
 
-    def sacct(self, job_ids: Sequence[str]) -> list[JobRecord]:
+    def sacct(self, job_ids: Sequence[str], *, retry: RetryPolicy = PATIENT) -> list[JobRecord]:
         """Allocation records, one per run of each job (requeued runs included)."""
         args = [
             "sacct",
@@ -312,12 +362,12 @@ class SlurmClient:
             f"--format={','.join(SACCT_FIELDS)}",
             f"--jobs={','.join(job_ids)}",
         ]
-        return parse_sacct(self.run(args).stdout)
+        return parse_sacct(self.run(args, retry=retry).stdout)
 
-    def show_job(self, job_id: str) -> dict[str, str] | None:
+    def show_job(self, job_id: str, *, retry: RetryPolicy = PATIENT) -> dict[str, str] | None:
         """A few fields of ``scontrol show job``; None once the controller has forgotten the job."""
         try:
-            result = self.run(["scontrol", "--oneliner", "show", "job", job_id])
+            result = self.run(["scontrol", "--oneliner", "show", "job", job_id], retry=retry)
         except SlurmError as exc:
             if "Invalid job id" in str(exc) and not isinstance(exc, SlurmUnreachableError):
                 return None
@@ -334,14 +384,53 @@ class SlurmClient:
             return merge_status(job_id, queued, [], restarts)
         return merge_status(job_id, [], self.sacct([job_id]), restarts)
 
-    def scancel(self, job_id: str, signal: str | None = None, batch: bool = False) -> None:
-        """Cancel or signal a job; safe to retry (cancelling twice is a no-op)."""
+    def preemption(self, job_id: str, *, retry: RetryPolicy = PATIENT) -> Preemption | None:
+        """Slurm's own preemption of the job (PreemptMode=REQUEUE); None when it was not preempted or is forgotten.
+
+        Who requeues it depends on the release; one whose version cannot be read counts as older than 24.05.
+        """
+        fields = self.show_job(job_id, retry=retry) or {}
+        if slurm_epoch(fields.get("PreemptTime", "")) is None:
+            return None
+        try:
+            version: SlurmVersion | None = self.version(retry=retry)
+        except SlurmError as exc:
+            log.warning("%s; taking Slurm for a release before 24.05", exc)
+            version = None
+        return parse_preemption(fields, version, time.time())
+
+    def version(self, *, retry: RetryPolicy = PATIENT) -> SlurmVersion:
+        """The release of Slurm's commands (``scontrol --version``; no daemon is asked, slurm.conf must be readable)."""
+        return parse_version(self.run(["scontrol", "--version"], retry=retry).stdout)
+
+    def partitions(self, *, retry: RetryPolicy = PATIENT) -> tuple[Partition, ...]:
+        """Every partition with its limits, default flag and GraceTime (``scontrol show partition``)."""
+        return parse_partitions(self.run(list(PARTITION_ARGS), retry=retry).stdout)
+
+    def scancel(
+        self, job_id: str, signal: str | None = None, batch: bool = False, *, retry: RetryPolicy = PATIENT
+    ) -> None:
+        """Cancel or signal a job; cancelling is safe to retry (twice is a no-op), a signal may arrive twice."""
         args = ["scancel"]
         if signal:
             args.append(f"--signal={signal}")
         if batch:
             args.append("--batch")
-        self.run([*args, job_id])
+        self.run([*args, job_id], retry=retry)
 
-    def scontrol_requeue(self, job_id: str) -> None:
-        self.run(["scontrol", "requeue", job_id], retry=False)
+    def step_finishes(self, host: str, job_id: str | None = None) -> bool:
+        """Whether a one-task step (``srun --overlap ... true``) on ``host`` of the job ends well within the client's
+        timeout; no retry, and no answer is a no (the caller judges a node by it)."""
+        args = ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}", "true"]
+        if job_id:
+            args.insert(1, f"--jobid={job_id}")
+        return self.run(args, check=False, retry=ONCE).returncode == 0
+
+    def scontrol_requeue(self, job_id: str, *, retry: RetryPolicy = ONCE) -> None:
+        self.run(["scontrol", "requeue", job_id], retry=retry)
+
+    def update_job(self, job_id: str, fields: Mapping[str, str], *, retry: RetryPolicy = ONCE) -> None:
+        """``scontrol update jobid=ID Key=Value ...`` (e.g. ExcNodeList, ReqNodeList of a pending job)."""
+        self.run(
+            ["scontrol", "update", f"jobid={job_id}", *(f"{key}={value}" for key, value in fields.items())], retry=retry
+        )

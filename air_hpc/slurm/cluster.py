@@ -1,23 +1,18 @@
-"""What a Slurm cluster offers, read without changing anything: pure parsers plus one read-only probe.
+"""What a Slurm cluster offers, as typed values: pure parsers of its read-only queries.
 
 ``air-hpc doctor`` and ``air-hpc cluster init`` start here. The parsers turn
 ``scontrol show config``, ``scontrol show partition --oneliner``, ``sinfo`` and
-``sacctmgr`` text into typed values; :func:`probe_cluster` runs those commands
-through the one :class:`SlurmClient` and keeps going when an optional part
-(accounting, the topology) is missing, recording why.
+``sacctmgr`` text into typed values; :func:`air_hpc.slurm.survey.probe_cluster`
+runs those commands through the one :class:`~air_hpc.slurm.client.SlurmClient`.
 """
 
-import logging
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from air_hpc.digits import DIGITS, ascii_int
 from air_hpc.errors import SlurmError
-from air_hpc.slurm.client import SlurmClient
-
-log = logging.getLogger(__name__)
 
 CONFIG_ARGS = ("scontrol", "show", "config")
 PARTITION_ARGS = ("scontrol", "show", "partition", "--oneliner")
@@ -375,66 +370,3 @@ class ClusterFacts:
             "accounting": asdict(self.accounting),
             "topology": {**asdict(self.topology), "file": str(self.topology.file) if self.topology.file else None},
         }
-
-
-def _optional(client: SlurmClient, args: list[str]) -> tuple[str | None, str]:
-    """Run a query whose failure is a finding, not an error: (stdout or None, why it failed).
-
-    Not retried: a slurmdbd that refuses connections is an answer here, not a reason to wait.
-    """
-    try:
-        return client.run(args, retry=False).stdout, ""
-    except SlurmError as exc:
-        log.info("%s", exc)
-        return None, str(exc).splitlines()[0] if str(exc) else "failed"
-
-
-def _probe_accounting(client: SlurmClient, settings: SlurmSettings, user: str) -> Accounting:
-    if settings.accounting_storage is None:
-        return Accounting(False, "AccountingStorageType is none: no sacct, no accounts")
-    out, why = _optional(client, list(SACCT_PROBE_ARGS))
-    if out is None:
-        return Accounting(False, f"sacct does not answer: {why}")
-    users, _ = _optional(
-        client, ["sacctmgr", "--noheader", "--parsable2", "show", "user", user, "format=User,DefaultAccount"]
-    )
-    assocs, _ = _optional(
-        client, ["sacctmgr", "--noheader", "--parsable2", "show", "assoc", f"user={user}", "format=Account"]
-    )
-    return Accounting(
-        True,
-        f"{settings.accounting_storage}; sacct answers",
-        parse_default_account(users or ""),
-        parse_accounts(assocs or ""),
-    )
-
-
-def _probe_topology(client: SlurmClient, settings: SlurmSettings) -> TopologyInfo:
-    plugin = settings.topology_plugin
-    candidates = []
-    if settings.conf_path is not None:
-        candidates = [settings.conf_path.parent / "topology.conf", settings.conf_path.parent / "topology.yaml"]
-    readable = next((p for p in candidates if p.is_file()), None)
-    if plugin is None:
-        return TopologyInfo(None, readable, 0, 0, "no topology plugin: Slurm places jobs without regard to switches")
-    out, why = _optional(client, list(TOPOLOGY_ARGS))
-    leaves, switches = parse_topology(out or "")
-    where = f"{readable}" if readable else "no topology.conf readable beside slurm.conf (configless?)"
-    detail = f"{leaves} leaf switch(es)/block(s), {switches} in all; {where}" if out is not None else why
-    return TopologyInfo(plugin, readable, leaves, switches, detail)
-
-
-def probe_cluster(client: SlurmClient, user: str) -> ClusterFacts:
-    """Ask the controller what it offers; read-only. Unreachable controller -> :class:`SlurmUnreachableError`."""
-    settings = parse_show_config(client.run(list(CONFIG_ARGS)).stdout)
-    groups = parse_sinfo_groups(client.run(list(SINFO_ARGS)).stdout)
-    partitions = tuple(
-        replace(p, groups=groups.get(p.name, ())) for p in parse_partitions(client.run(list(PARTITION_ARGS)).stdout)
-    )
-    return ClusterFacts(
-        settings=settings,
-        partitions=partitions,
-        accounting=_probe_accounting(client, settings, user),
-        topology=_probe_topology(client, settings),
-        user=user,
-    )

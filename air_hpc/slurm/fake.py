@@ -42,6 +42,9 @@ class FakeJob:
     earlier_runs: list[tuple[JobState, str, int]] = field(default_factory=list)
     comment: str = ""
     workdir: str = ""
+    preempt_time: str = "None"
+    """``scontrol show job``'s PreemptTime: when Slurm preempted the job (local ``2026-12-03T07:00:00``)."""
+    end_time: str = "Unknown"
 
 
 def _directives(script: str) -> dict[str, str]:
@@ -89,6 +92,8 @@ class FakeSlurm(SlurmClient):
         self.lose_sbatch_reply = False
         """sbatch queues the job, then times out before its answer arrives."""
         self.next_id = 100
+        self.version_line = "slurm 25.05.8"
+        """What ``scontrol --version`` prints."""
 
     # Driving the fake cluster.
 
@@ -151,8 +156,10 @@ class FakeSlurm(SlurmClient):
         return None
 
     def _sbatch(self, args: list[str]) -> subprocess.CompletedProcess[str]:
-        script = Path(args[-1]).read_text()
+        wrapped = self._option(args, "wrap")
+        script = f"#!/bin/sh\n{wrapped}\n" if wrapped is not None else Path(args[-1]).read_text()
         opts = _directives(script)
+        opts.update(_directives("#!/bin/sh\n" + "".join(f"#SBATCH {shlex.quote(a)}\n" for a in args[1:-1])))
         nodes = int(opts.get("nodes", "1"))
         if "--test-only" in args:
             if not self._could_start_now(nodes, opts.get("nodelist")):
@@ -228,6 +235,8 @@ class FakeSlurm(SlurmClient):
         return self._done(args, out="".join(line + "\n" for line in lines))
 
     def _scontrol(self, args: list[str]) -> subprocess.CompletedProcess[str]:
+        if args[1:] == ["--version"]:
+            return self._done(args, out=f"{self.version_line}\n")
         words = [a for a in args[1:] if not a.startswith("-")]
         if words[:2] == ["show", "job"]:
             job = self.jobs.get(words[2])
@@ -238,7 +247,8 @@ class FakeSlurm(SlurmClient):
                 out=f"JobId={job.job_id} JobName={job.name} UserId=root(0) GroupId=root(0) "
                 f"Priority=1 Nice=0 Account=(null) QOS=(null) JobState={job.state} Reason={job.reason or 'None'} "
                 f"Dependency=(null) Requeue=1 Restarts={job.restarts} BatchFlag=1 Reboot=0 "
-                f"ExitCode={job.exit_code}:0 RunTime=00:00:05 TimeLimit={job.time_limit} "
+                f"ExitCode={job.exit_code}:0 RunTime=00:00:05 TimeLimit={job.time_limit} EndTime={job.end_time} "
+                f"PreemptEligibleTime=None PreemptTime={job.preempt_time} "
                 f"NodeList={job.nodelist or '(null)'} NumNodes={job.nodes} Command=/tmp/job.sbatch\n",
             )
         if words[:2] == ["show", "nodes"]:

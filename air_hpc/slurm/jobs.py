@@ -6,12 +6,15 @@ column widths. The job name is always the last field: it is the only one that
 may contain the separator, so it takes whatever is left of the line.
 """
 
+import datetime
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
 from air_hpc.digits import ascii_int
 from air_hpc.errors import SlurmError
+from air_hpc.slurm.version import SlurmVersion
 
 
 class JobState(StrEnum):
@@ -240,6 +243,45 @@ def parse_scontrol_job(text: str) -> dict[str, str]:
         if match:
             found[key] = match.group(1)
     return found
+
+
+#: Slurm 24.05 and newer requeue a preempted job that ends within GraceTime themselves.
+SLURM_REQUEUES_PREEMPTED_FROM = SlurmVersion(24, 5)
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """Slurm's own preemption (PreemptMode=REQUEUE) of a job, as ``scontrol show job`` tells it."""
+
+    grace_s: int
+    ended_after_s: int
+    requeue_by: str
+    """``slurm`` where Slurm requeues a job that ended within GraceTime itself (24.05+), else ``batch``."""
+
+    @property
+    def fit(self) -> bool:
+        return self.ended_after_s <= self.grace_s
+
+
+def slurm_epoch(text: str) -> int | None:
+    """Slurm's local ``2026-12-03T07:12:18`` as epoch seconds; None for ``None``/``Unknown``."""
+    try:
+        return int(datetime.datetime.fromisoformat(text).timestamp())
+    except ValueError:
+        return None
+
+
+def parse_preemption(fields: Mapping[str, str], version: SlurmVersion | None, now_s: float) -> Preemption | None:
+    """A PreemptTime on the job means Slurm preempted it; EndTime is the end of its GraceTime.
+
+    ``fields`` from :func:`parse_scontrol_job`; an unknown ``version`` counts as older than 24.05. Pure.
+    """
+    preempt_at = slurm_epoch(fields.get("PreemptTime", ""))
+    if preempt_at is None:
+        return None
+    end_at = slurm_epoch(fields.get("EndTime", "")) or preempt_at
+    requeue_by = "slurm" if version is not None and version >= SLURM_REQUEUES_PREEMPTED_FROM else "batch"
+    return Preemption(end_at - preempt_at, int(now_s) - preempt_at, requeue_by)
 
 
 _SUBMITTED = re.compile(r"^([0-9]+)(?:;\S+)?$")

@@ -24,7 +24,7 @@ from types import TracebackType
 
 from air_hpc.errors import SlurmError, TestbedError
 from air_hpc.slurm import hostlist
-from air_hpc.slurm.client import SlurmClient
+from air_hpc.slurm.client import ONCE, SlurmClient
 from air_hpc.testbed.conf import cloud_slurm_conf
 from air_hpc.testbed.ports import free_ports
 
@@ -80,7 +80,7 @@ class CloudController:
                     f"slurmctld exited with {self._proc.returncode}; see {self.workdir / 'slurmctld.out'} "
                     f"and {self.workdir / 'slurmctld.log'}"
                 )
-            ping = self.client.run(["scontrol", "ping"], check=False, retry=False)
+            ping = self.client.run(["scontrol", "ping"], check=False, retry=ONCE)
             if "is UP" in ping.stdout:
                 log.info("cloud slurmctld up with %d nodes (pid %d)", len(self.nodes), self._proc.pid)
                 return
@@ -118,7 +118,7 @@ class CloudController:
     def placement(self, count: int) -> tuple[str, ...] | None:
         """Nodes ``sbatch --test-only -N count --exclusive`` would start on; None if Slurm cannot place it."""
         result = self.client.run(
-            ["sbatch", "--test-only", "-N", str(count), "--exclusive", "--wrap", "true"], check=False, retry=False
+            ["sbatch", "--test-only", "-N", str(count), "--exclusive", "--wrap", "true"], check=False, retry=ONCE
         )
         match = _PLACED.search(result.stderr + result.stdout)
         if match:

@@ -8,7 +8,6 @@ next start resumes. Both are compared with one uninterrupted run on this machine
 """
 
 import contextlib
-import re
 import signal
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from air_hpc.observe.report import build_report, format_report
 from air_hpc.records.events import read_events
 from air_hpc.records.jsonl import read_jsonl
 from air_hpc.records.rundir import RunDir
+from air_hpc.slurm.jobs import SLURM_REQUEUES_PREEMPTED_FROM
 from air_hpc.testbed import Testbed
 from air_hpc.testbed.conf import Settings
 from air_hpc.train import data
@@ -169,10 +169,7 @@ def test_submitit_job_on_the_testbed_requeues_on_the_configured_signal(
 
 def slurm_requeues_preempted_jobs(testbed: Any) -> bool:
     """Slurm 24.05 and newer requeue a preempted job that ends within its GraceTime; older ones do not."""
-    out = testbed.client.run(["scontrol", "--version"]).stdout
-    version = re.search(r"(\d+)\.(\d+)", out)
-    assert version, "scontrol --version printed no version"
-    return (int(version[1]), int(version[2])) >= (24, 5)
+    return bool(testbed.client.version() >= SLURM_REQUEUES_PREEMPTED_FROM)
 
 
 def test_testbed_job_preempted_by_slurm_saves_in_grace_requeues_once_and_matches(
@@ -190,8 +187,9 @@ def test_testbed_job_preempted_by_slurm_saves_in_grace_requeues_once_and_matches
     wait_for("step 2", lambda: last_step(run_dir) >= 2, timeout_s=300)
     nodes = (testbed.client.show_job(done.job_id) or {})["NodeList"]
     signalled = time.time()
-    urgent_job = ["--partition=urgent", f"--nodelist={nodes}", "--exclusive", "--output=/dev/null", "--wrap=sleep 1"]
-    urgent = testbed.client.run(["sbatch", "--parsable", *urgent_job]).stdout.strip()
+    urgent = testbed.client.sbatch_wrap(
+        "sleep 1", ["--partition=urgent", f"--nodelist={nodes}", "--exclusive", "--output=/dev/null"]
+    )
     wait_for("resume", lambda: len(kinds(run_dir, "resume")) >= 1, timeout_s=300)
     state = testbed.wait_job(done.job_id, timeout_s=300)
     assert state == "COMPLETED", "\n".join(p.read_text()[-1500:] for p in sorted(run_dir.logs.glob("*")))

@@ -10,13 +10,14 @@ from pathlib import Path
 import psutil
 import pytest
 
+from air_hpc.slurm.client import ONCE
 from air_hpc.testbed import Testbed
 
 pytestmark = pytest.mark.integration
 
 
 def sbatch(testbed, *args: str) -> str:
-    return testbed.client.run(["sbatch", "--parsable", *args], retry=False).stdout.strip().split(";")[0]
+    return testbed.client.run(["sbatch", "--parsable", *args], retry=ONCE).stdout.strip().split(";")[0]
 
 
 def test_up_brings_eight_idle_nodes(testbed) -> None:
@@ -111,7 +112,7 @@ def start_a_long_step(bed: Testbed, tmp_path: Path, name: str) -> None:
     marker = tmp_path / f"{name}-started"
     bed.client().run(
         ["sbatch", "-N2", "-o", str(tmp_path / name), "--wrap", f"srun bash -c 'touch {marker}; exec sleep 600'"],
-        retry=False,
+        retry=ONCE,
     )
     deadline = time.monotonic() + 60
     while not marker.exists():

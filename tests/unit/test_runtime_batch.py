@@ -17,9 +17,7 @@ from air_hpc.runtime.batch import (
     JobStart,
     finish,
     fit_rank_order,
-    preemption,
     requeue,
-    slurm_version,
     start,
 )
 from air_hpc.runtime.rendezvous import master_port
@@ -50,15 +48,31 @@ def test_start_records_fits_and_names_rank_zero(tmp_path: Path) -> None:
     assert start(run_dir, JOB, env, None, master=False) == [str(tmp_path / "heartbeat" / "4242-1")]
 
 
-def test_preemption_from_scontrol_fields() -> None:
-    fields = {"PreemptTime": "2026-12-03T07:00:00", "EndTime": "2026-12-03T07:00:30"}
-    now = datetime.datetime.fromisoformat(fields["PreemptTime"]).timestamp()  # Slurm's times are local
-    fit = preemption(fields, (22, 5), now + 10)
-    late = preemption(fields, (24, 5), now + 40)
-    assert fit is not None and (fit.grace_s, fit.ended_after_s, fit.fit, fit.requeue_by) == (30, 10, True, "batch")
-    assert late is not None and (late.fit, late.requeue_by) == (False, "slurm")
-    assert preemption({"PreemptTime": "None", "EndTime": "2026-12-03T07:00:30"}, (25, 5), now) is None
-    assert slurm_version("slurm 23.11.10\n") == (23, 11) and slurm_version("") == (0, 0)
+@pytest.mark.parametrize(
+    ("release", "requeue_by", "requeue"), [("slurm-wlm 22.05.8", "batch", True), ("slurm 25.05.8", "slurm", False)]
+)
+def test_a_job_slurm_preempted_is_requeued_once_by_whoever_the_release_says(
+    tmp_path: Path, release: str, requeue_by: str, requeue: bool
+) -> None:
+    """Slurm 24.05 and later requeue a preempted job themselves; before that, the batch script does."""
+    slurm = FakeSlurm()
+    preempted_at = datetime.datetime.now().replace(microsecond=0) - datetime.timedelta(seconds=5)
+    slurm.jobs["4242"] = FakeJob("4242", "run", 1, "", state=JobState.RUNNING, preempt_time=preempted_at.isoformat())
+    slurm.jobs["4242"].end_time = (preempted_at + datetime.timedelta(seconds=30)).isoformat()
+    slurm.version_line = release
+    run_dir = RunDir(tmp_path)
+    rc, requeued = finish(run_dir, tmp_path / "heartbeat" / "4242-0", JOB, 143, 3, slurm)
+    assert (rc, requeued) == (143, requeue)
+    (event,) = [e for e in read_jsonl(run_dir.events) if e["kind"] == "preempted"]
+    assert (event["grace_s"], event["fit"], event["requeue_by"]) == (30, True, requeue_by)
+    assert slurm.calls[-2:] == [["scontrol", "--oneliner", "show", "job", "4242"], ["scontrol", "--version"]]
+
+
+def test_an_unanswered_preemption_question_means_not_preempted(tmp_path: Path) -> None:
+    slurm = FakeSlurm(retries=5)
+    slurm.reachable = False
+    assert finish(RunDir(tmp_path), tmp_path / "heartbeat" / "4242-0", JOB, 143, 3, slurm) == (143, True)
+    assert slurm.calls == [["scontrol", "--oneliner", "show", "job", "4242"]], "asked once, not retried"
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,10 @@ from pathlib import Path
 import pytest
 
 from air_hpc.errors import SlurmError, SlurmUnreachableError
-from air_hpc.slurm.fake import FakeSlurm
+from air_hpc.slurm.client import IN_JOB, ONCE, PATIENT, RetryPolicy, talks_to_slurmctld
+from air_hpc.slurm.fake import FakeClusterText, FakeJob, FakeSlurm
 from air_hpc.slurm.jobs import JobState
+from air_hpc.slurm.version import SlurmVersion
 
 SCRIPT = """#!/bin/bash
 #SBATCH --job-name="two words"
@@ -102,3 +104,79 @@ def test_squeue_by_user_lists_only_live_jobs(script: Path) -> None:
     first, second = fake.sbatch(script), fake.sbatch(script)
     fake.finish(first)
     assert [r.job_id for r in fake.squeue(user="root")] == [second]
+
+
+def test_each_call_takes_its_own_retry_policy() -> None:
+    fake = FakeSlurm(retries=3)
+    fake.reachable = False
+    for policy, calls in ((ONCE, 1), (RetryPolicy(retries=1), 2), (PATIENT, 4)):
+        fake.calls.clear()
+        fake._down_until = 0.0  # forget the outage the previous call remembered
+        with pytest.raises(SlurmUnreachableError):
+            fake.show_job("1", retry=policy)
+        assert len(fake.calls) == calls, policy
+
+
+def test_a_policys_deadline_is_capped_by_the_clients() -> None:
+    fake = FakeSlurm(retries=0)
+    fake.reachable = False
+    with pytest.raises(SlurmUnreachableError, match=r"gave no answer within 10 s"):
+        fake.version(retry=IN_JOB)
+    fake.deadline_s, fake._down_until = 2.0, 0.0
+    with pytest.raises(SlurmUnreachableError, match=r"gave no answer within 2 s"):
+        fake.version(retry=IN_JOB)
+
+
+def test_version_asks_no_daemon() -> None:
+    assert not talks_to_slurmctld(["scontrol", "--version"]) and not talks_to_slurmctld(["sbatch", "--version"])
+    assert talks_to_slurmctld(["scontrol", "show", "job", "1"])
+    fake = FakeSlurm()
+    fake.version_line = "slurm-wlm 24.11.5"
+    assert fake.version() == SlurmVersion(24, 11, 5)
+
+
+def test_update_job_and_requeue_are_tried_once() -> None:
+    fake = FakeSlurm(retries=5)
+    fake.update_job("7", {"ExcNodeList": "n1,n3", "ReqNodeList": "n2"})
+    assert fake.calls[-1] == ["scontrol", "update", "jobid=7", "ExcNodeList=n1,n3", "ReqNodeList=n2"]
+    fake.reachable = False
+    with pytest.raises(SlurmUnreachableError):
+        fake.update_job("7", {"ExcNodeList": "n1"})
+    assert len(fake.calls) == 2
+
+
+def test_sbatch_wrap_submits_once_with_its_options() -> None:
+    fake = FakeSlurm(retries=5)
+    job_id = fake.sbatch_wrap("sleep 1", ["--job-name=blocker", "--nodes=2"])
+    assert (fake.jobs[job_id].name, fake.jobs[job_id].nodes) == ("blocker", 2)
+    assert fake.calls[-1] == ["sbatch", "--parsable", "--job-name=blocker", "--nodes=2", "--wrap=sleep 1"]
+    fake.reachable = False
+    with pytest.raises(SlurmUnreachableError, match="may or may not have been submitted"):
+        fake.sbatch_wrap("sleep 1")
+    assert len(fake.calls) == 2
+
+
+def test_partitions_are_parsed_from_scontrol() -> None:
+    text = "PartitionName=batch Default=YES GraceTime=30 MaxTime=UNLIMITED Nodes=n[1-8] TotalNodes=8\n"
+    fake = FakeSlurm(cluster=FakeClusterText(config="", partitions=text, sinfo=""))
+    (batch,) = fake.partitions()
+    assert (batch.name, batch.default, batch.grace_time_s) == ("batch", True, 30)
+    assert fake.calls == [["scontrol", "show", "partition", "--oneliner"]]
+
+
+def test_preemption_reads_the_job_then_the_release() -> None:
+    fake = FakeSlurm()
+    fake.jobs["5"] = FakeJob("5", "run", 1, "", preempt_time="2026-12-03T07:00:00", end_time="2026-12-03T07:00:30")
+    fake.jobs["6"] = FakeJob("6", "run", 1, "")
+
+    def requeue_by(release: str) -> str:
+        fake.version_line = release
+        preempted = fake.preemption("5")
+        assert preempted is not None and preempted.grace_s == 30
+        return preempted.requeue_by
+
+    assert requeue_by("slurm 25.05.8") == "slurm" and requeue_by("slurm-wlm 22.05.8") == "batch"
+    assert requeue_by("scontrol: something else") == "batch", "an unreadable release counts as old"
+    fake.calls.clear()
+    assert fake.preemption("6") is None and fake.preemption("404") is None
+    assert [c[-1] for c in fake.calls] == ["6", "404"], "no version asked when there is no preemption"

@@ -16,9 +16,9 @@ from air_hpc.slurm.cluster import (
     parse_show_config,
     parse_sinfo_groups,
     parse_topology,
-    probe_cluster,
 )
 from air_hpc.slurm.fake import FakeClusterText, FakeSlurm
+from air_hpc.slurm.survey import probe_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "slurm"

@@ -1,0 +1,33 @@
+"""Which Slurm answers: the version ``scontrol --version`` (or any Slurm command's ``--version``) prints, as a value.
+
+Requests and parsers that differ between releases compare against it (``version >= SlurmVersion(24, 5)``).
+"""
+
+import re
+from dataclasses import dataclass
+
+from air_hpc.errors import SlurmError
+
+#: ``slurm 25.05.8``, ``slurm-wlm 22.05.8`` (Debian), ``slurm 25.11.0-0rc1``: the package, then the release.
+_VERSION = re.compile(r"^slurm(?:-wlm)? ([0-9]{2,4})\.([0-9]{1,2})\.([0-9]{1,3})\b")
+
+
+@dataclass(frozen=True, order=True)
+class SlurmVersion:
+    """A Slurm release, ordered as releases are (``22.05.8 < 24.11.5 < 25.05.0``)."""
+
+    major: int
+    minor: int
+    micro: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.major:02d}.{self.minor:02d}.{self.micro}"
+
+
+def parse_version(text: str, source: str = "scontrol --version") -> SlurmVersion:
+    """The version on the first line of ``--version`` output; :class:`SlurmError` quoting it when there is none."""
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    match = _VERSION.match(first)
+    if match is None:
+        raise SlurmError(f"{source}: cannot read a Slurm version from {first!r}; expected e.g. 'slurm 25.05.8'")
+    return SlurmVersion(*(int(part) for part in match.groups()))
