@@ -15,9 +15,11 @@ from typing import Any
 
 import hostlist
 import pytest
+import submitit
 
 from air_hpc.config import load_job
 from air_hpc.exitcodes import ExitCode
+from air_hpc.launch.executors import submitit_slurm_parameters
 from air_hpc.launch.submit import Submission, plan, submit
 from air_hpc.ops.control import run_status
 from air_hpc.ownership.owner import RunBusyError, read_owner
@@ -186,6 +188,25 @@ def test_hostile_job_name_reaches_slurm_verbatim(testbed: Any, tmp_path: Path, s
         assert record.name == name
         shown = testbed.client.run(["scontrol", "show", "job", job_id]).stdout
         assert f"StdOut={RunDir.of(job).logs}/slurm-{job_id}.out" in shown
+    finally:
+        testbed.client.scancel(job_id)
+    assert not list(tmp_path.rglob("pwned")) and not Path("pwned").exists()
+
+
+def test_hostile_job_name_reaches_slurm_verbatim_through_submitit_too(testbed: Any, tmp_path: Path) -> None:
+    """submitit's script carries the same request, quoted its own way (plus our doubled backslashes): sbatch
+    reads the same name back from it."""
+    name = 'x"; touch pwned; echo " #$(id) `id` \\ it\'s'
+    job = load_job(TESTBED_JOB, [f"run.root={tmp_path}", "placement.topology_aware=false"])
+    job = job.model_copy(update={"run": job.run.model_copy(update={"name": name})})
+    executor = submitit.SlurmExecutor(folder=tmp_path / "submitit")
+    executor.update_parameters(**submitit_slurm_parameters(plan(job, None), RunDir(tmp_path)))
+    script = tmp_path / "submitit.sbatch"
+    script.write_text(executor._make_submission_file_text("true", "uid"))
+    job_id = testbed.client.sbatch(script, ["--hold"])
+    try:
+        (record,) = testbed.client.squeue([job_id])
+        assert record.name == name
     finally:
         testbed.client.scancel(job_id)
     assert not list(tmp_path.rglob("pwned")) and not Path("pwned").exists()
