@@ -307,13 +307,17 @@ class TestOnlyResult:
     __test__ = False
 
 
+#: sbatch's ``info()`` line, as every release prints it: 22.05-24.11 ``Job 4 to start at T using 4 processors on
+#: nodes n[3-4] in partition debug``; 25.05 on adds `` on cluster C`` when the reply names one and a stray `` a``
+#: before ``using`` (src/api/allocate.c); a heterogeneous job's line ends ``processors on n[1-4]``, no partition.
 _TEST_ONLY = re.compile(
-    r"Job [0-9]+ to start at (?P<start>\S+) using [0-9]+ processors on nodes (?P<nodes>\S+)"
-    r"(?: in partition (?P<part>\S+))?"
+    r"Job [0-9]+ to start at (?P<start>\S+)(?: on cluster \S+)?(?: a)? using [0-9]+ processors"
+    r" on (?:nodes )?(?P<nodes>\S+)(?: in partition (?P<part>\S+))?"
 )
 
 
 def parse_test_only(text: str) -> TestOnlyResult:
+    """The predicted start and nodes, from whichever line of sbatch's reply carries them."""
     match = _TEST_ONLY.search(text)
     if not match:
         raise SlurmError(f"sbatch --test-only: unexpected output {text.strip()!r}")

@@ -30,6 +30,16 @@ SCONTROL_JOB = (
     "Command=(null) WorkDir=/work/main StdErr=/work/main/slurm-5.out StdIn=/dev/null StdOut=/work/main/slurm-5.out\n"
 )
 TEST_ONLY = "sbatch: Job 4 to start at 2026-12-02T13:28:19 using 4 processors on nodes n[3-4] in partition debug\n"
+#: 25.05 and 26.05 print a stray "a" (src/api/allocate.c), and the cluster when the reply names one.
+TEST_ONLY_25 = (
+    "sbatch: Job 17 to start at 2026-12-02T13:28:19 a using 2592 processors on nodes gb[199-216] in partition topo\n"
+)
+TEST_ONLY_CLUSTER = (
+    "sbatch: Job 3 to start at 2026-12-02T13:28:19 on cluster air a using 4 processors on nodes n[3-4] "
+    "in partition debug\n"
+    "  Preempts: 2,5\n"
+)
+TEST_ONLY_HETEROGENEOUS = "sbatch: Job 8 to start at 2026-12-02T13:28:19 using 8 processors on n[1-4]\n"
 
 
 def test_squeue_running_keeps_separator_in_name() -> None:
@@ -117,9 +127,21 @@ def test_sbatch_parsable_rejects_other_output(text: str) -> None:
         parse_sbatch_parsable(text)
 
 
-def test_test_only() -> None:
-    result = parse_test_only(TEST_ONLY)
-    assert (result.start, result.nodelist, result.partition) == ("2026-12-02T13:28:19", "n[3-4]", "debug")
+@pytest.mark.parametrize(
+    ("text", "nodes", "partition"),
+    [
+        (TEST_ONLY, "n[3-4]", "debug"),  # 22.05 through 24.11
+        (TEST_ONLY_25, "gb[199-216]", "topo"),
+        (TEST_ONLY_CLUSTER, "n[3-4]", "debug"),
+        (TEST_ONLY_HETEROGENEOUS, "n[1-4]", ""),
+    ],
+)
+def test_test_only_of_every_release(text: str, nodes: str, partition: str) -> None:
+    result = parse_test_only(text)
+    assert (result.start, result.nodelist, result.partition) == ("2026-12-02T13:28:19", nodes, partition)
+
+
+def test_test_only_refusal_is_an_error() -> None:
     with pytest.raises(SlurmError, match="unexpected output"):
         parse_test_only("sbatch: error: Requested node configuration is not available\n")
 
