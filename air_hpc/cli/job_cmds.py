@@ -16,6 +16,7 @@ from air_hpc.errors import UserError
 if TYPE_CHECKING:
     from air_hpc.launch.plan import Plan
     from air_hpc.launch.submit import Submission
+    from air_hpc.observe.overview import RunRow
     from air_hpc.ops.control import LogSource, RunStatus
     from air_hpc.records.rundir import RunDir
     from air_hpc.slurm.client import SlurmClient
@@ -352,25 +353,16 @@ def cancel(run: str, as_json: bool) -> None:
 )
 @json_option
 def runs(root: str | None, as_json: bool) -> None:
-    """List the runs under the runs root: state, step/total, loss, restarts, goodput, checkpoint age, job."""
-    from air_hpc.errors import AirHpcError
-    from air_hpc.observe.overview import run_row, runs_table
-    from air_hpc.ops.control import run_status
+    """List the runs under the runs root: state, step/total, loss, restarts, goodput, checkpoint age, job.
+
+    A run whose own files cannot be read (an empty ``job.json``) is listed as
+    ``unreadable`` and why is said on stderr; the other runs are listed as usual.
+    """
+    from air_hpc.observe.overview import runs_table
     from air_hpc.ops.runs import find_runs, runs_root
-    from air_hpc.records.submissions import latest_submission
 
     client = slurm_client()
-    rows = []
-    for run_dir in find_runs(root):
-        state, job_id, restarts = "not submitted", None, None
-        try:
-            job_id = latest_submission(run_dir).job_id
-            status = run_status(run_dir, client)
-            state, restarts = str(status.job.state), status.restarts
-        except AirHpcError as exc:
-            state = state if job_id is None else "unknown"
-            logging.getLogger(__name__).info("%s: %s", run_dir.path, exc)
-        rows.append(run_row(run_dir, state, job_id, restarts, time.time()))
+    rows = [_runs_row(run_dir, client) for run_dir in find_runs(root)]
     if as_json:
         echo_json({"root": str(runs_root(root)), "runs": [row.to_json() for row in rows]})
         return
@@ -382,3 +374,27 @@ def runs(root: str | None, as_json: bool) -> None:
     console = Console()
     # Piped: no terminal width to fit, so keep each run on one line for grep and awk.
     (console if console.is_terminal else Console(width=250)).print(runs_table(rows))
+    for row in rows:
+        if row.problem is not None:
+            click.echo(f"warning: run {row.summary.name} is unreadable: {row.problem}", err=True)
+
+
+def _runs_row(run_dir: "RunDir", client: "SlurmClient") -> "RunRow":
+    """One run's row of ``air-hpc runs``; a run whose records cannot be read is marked, not fatal to the list."""
+    from air_hpc.errors import AirHpcError
+    from air_hpc.observe.overview import run_row, unreadable_row
+    from air_hpc.ops.control import run_status
+    from air_hpc.records.submissions import latest_submission
+
+    state, job_id, restarts = "not submitted", None, None
+    try:
+        job_id = latest_submission(run_dir).job_id
+        status = run_status(run_dir, client)
+        state, restarts = str(status.job.state), status.restarts
+    except AirHpcError as exc:
+        state = state if job_id is None else "unknown"
+        logging.getLogger(__name__).info("%s: %s", run_dir.path, exc)
+    try:
+        return run_row(run_dir, state, job_id, restarts, time.time())
+    except AirHpcError as exc:
+        return unreadable_row(run_dir, job_id, str(exc))

@@ -11,8 +11,11 @@ from rich.table import Table
 
 from air_hpc.observe.progress import format_duration
 from air_hpc.observe.records import load_records
-from air_hpc.observe.summary import RunSummary, summarize
+from air_hpc.observe.summary import RunSummary, blank_summary, summarize
 from air_hpc.records.rundir import RunDir
+
+#: The state shown for a run whose own files cannot be read.
+UNREADABLE = "unreadable"
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,8 @@ class RunRow:
     summary: RunSummary
     state: str
     job_id: str | None
+    problem: str | None = None
+    """Why the run's records could not be read (its state is then ``unreadable``); None when they were."""
 
     def to_json(self) -> dict[str, object]:
         s = self.summary
@@ -34,12 +39,18 @@ class RunRow:
             "restarts": s.restarts,
             "goodput": s.goodput,
             "last_checkpoint_age_s": s.last_checkpoint_age_s,
+            "problem": self.problem,
         }
 
 
 def run_row(run_dir: RunDir, state: str, job_id: str | None, restarts: int | None, now_s: float) -> RunRow:
     """The row of one run; restarts: the job status's count (None: not known)."""
     return RunRow(summarize(run_dir, load_records(run_dir), restarts, now_s), state, job_id)
+
+
+def unreadable_row(run_dir: RunDir, job_id: str | None, problem: str) -> RunRow:
+    """The row of a run whose files cannot be read (an empty ``job.json``): listed and marked, never hiding the rest."""
+    return RunRow(blank_summary(run_dir), UNREADABLE, job_id, problem)
 
 
 def runs_table(rows: list[RunRow]) -> Table:

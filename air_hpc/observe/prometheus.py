@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 PREFIX = "air_hpc_run"
 
 #: The coarse states of ``air_hpc_run_state`` (one series per state, 1 for the current one).
-STATES = ("not_submitted", "pending", "running", "completed", "failed", "cancelled", "unknown")
+STATES = ("not_submitted", "pending", "running", "completed", "failed", "cancelled", "unknown", "unreadable")
 _PHASE = {
     JobState.PENDING: "pending",
     JobState.CONFIGURING: "pending",
@@ -69,6 +69,8 @@ class RunMetrics:
     executor: str | None
     state: JobState | None
     heartbeat_age_s: float | None
+    problem: str | None = None
+    """Why the run's own files could not be read (state ``unreadable``, no numbers); None when they were."""
 
 
 def heartbeat_age_s(run_dir: RunDir, now_s: float) -> float | None:
@@ -151,9 +153,10 @@ def families(runs: Sequence[RunMetrics]) -> list[Metric]:
                 "job_id": r.job_id or "",
                 "executor": r.executor or "",
                 "slurm_state": str(r.state) if r.state is not None else "",
+                "problem": r.problem or "",
             },
         )
-        current = phase(r.state)
+        current = "unreadable" if r.problem is not None else phase(r.state)
         for name in STATES:
             state.add_metric([run, name], 1.0 if name == current else 0.0)
         for family, value_of in gauges:

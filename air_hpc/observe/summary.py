@@ -27,6 +27,11 @@ class RunSummary:
     last_checkpoint_age_s: float | None
 
 
+def blank_summary(run_dir: RunDir) -> RunSummary:
+    """A run whose records cannot be read: its name and path, no numbers."""
+    return RunSummary(run_dir.path.name, str(run_dir.path), None, None, None, None, None, 0, None)
+
+
 def summarize(run_dir: RunDir, records: RunRecords, restarts: int | None, now_s: float) -> RunSummary:
     """``restarts``: the job status's count (None: unknown); the larger of it and the starts the run recorded wins."""
     progress = run_progress(records, now_s)

@@ -15,9 +15,10 @@ from pathlib import Path
 import psutil
 
 from air_hpc.digits import ascii_int
-from air_hpc.errors import SlurmError
+from air_hpc.errors import AirHpcError, SlurmError
 from air_hpc.observe.prometheus import RunMetrics, run_metrics
 from air_hpc.observe.records import RunRecords, load_records
+from air_hpc.observe.summary import blank_summary
 from air_hpc.ops.runs import find_runs
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import SubmissionRecord, submissions
@@ -74,12 +75,28 @@ def run_jobs(runs: list[tuple[RunDir, RunRecords]], client: SlurmClient) -> list
     return found
 
 
+def _readable(run_dirs: list[RunDir]) -> tuple[list[tuple[RunDir, RunRecords]], dict[RunDir, str]]:
+    """Each run's records, and why for each run whose own files cannot be read (one bad run hides no other)."""
+    readable, problems = [], {}
+    for run_dir in run_dirs:
+        try:
+            readable.append((run_dir, load_records(run_dir)))
+        except AirHpcError as exc:
+            log.warning("run %s is unreadable: %s", run_dir.path, exc)
+            problems[run_dir] = str(exc)
+    return readable, problems
+
+
 def snapshot(root: Path | str | None, client: SlurmClient) -> list[RunMetrics]:
-    """The numbers of every run under ``root`` now (see :func:`~air_hpc.ops.runs.find_runs`)."""
-    runs = [(run_dir, load_records(run_dir)) for run_dir in find_runs(root)]
+    """The numbers of every run under ``root`` now (see :func:`~air_hpc.ops.runs.find_runs`), by name.
+
+    A run whose files cannot be read is there too, state ``unreadable``, with why.
+    """
+    run_dirs = find_runs(root)
+    runs, problems = _readable(run_dirs)
     now = time.time()
-    return [
-        run_metrics(
+    found = {
+        run_dir: run_metrics(
             run_dir,
             records,
             job.state,
@@ -89,4 +106,7 @@ def snapshot(root: Path | str | None, client: SlurmClient) -> list[RunMetrics]:
             now,
         )
         for (run_dir, records), job in zip(runs, run_jobs(runs, client), strict=True)
-    ]
+    }
+    for run_dir, problem in problems.items():
+        found[run_dir] = RunMetrics(blank_summary(run_dir), None, None, None, None, problem)
+    return [found[run_dir] for run_dir in run_dirs]

@@ -189,3 +189,29 @@ def test_runs_and_the_metrics_exporter_show_the_same_numbers(
     shared = ("name", "path", "step", "total_steps", "loss", "restarts", "goodput")
     assert {k: row[k] for k in shared} == {k: getattr(metrics.summary, k) for k in shared}
     assert row["step"] is not None and row["goodput"] is not None
+
+
+@pytest.mark.parametrize("content", ["", '{"model": {"layers": "many"}}', "\x00\xff"])
+def test_one_unreadable_run_is_marked_and_hides_no_other(
+    slurm_run: tuple[RunDir, FakeSlurm, str], tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str
+) -> None:
+    _, fake, job_id = slurm_run
+    broken = tmp_path / "runs" / "broken"
+    broken.mkdir()
+    (broken / "job.json").write_text(content, errors="surrogateescape")
+    data = json.loads(invoke(["runs", "--root", str(tmp_path / "runs"), "--json"], fake, capsys))
+    bad, good = data["runs"]
+    assert (bad["name"], bad["state"], bad["step"]) == ("broken", "unreadable", None)
+    assert str(broken / "job.json") in bad["problem"]
+    assert (good["name"], good["state"], good["step"], good["job_id"], good["problem"]) == (
+        "gpt-tiny-local",
+        "RUNNING",
+        10,
+        job_id,
+        None,
+    )
+    cli.main(args=["runs", "--root", str(tmp_path / "runs")], standalone_mode=False, obj={"slurm_client": fake})
+    out, err = capsys.readouterr()
+    listed = [line.split()[:2] for line in out.splitlines()[1:]]
+    assert listed == [["broken", "unreadable"], ["gpt-tiny-local", "RUNNING"]]
+    assert err.startswith(f"warning: run broken is unreadable: {broken / 'job.json'}") and err.count("\n") == 1

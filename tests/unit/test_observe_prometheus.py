@@ -110,6 +110,23 @@ def test_controller_down_leaves_the_state_unknown_and_the_rest(tmp_path: Path) -
     assert got[("air_hpc_run_step", (("run", "gpt-tiny-local"),))] == 10
 
 
+def test_an_unreadable_run_is_exported_as_such_beside_the_rest(tmp_path: Path) -> None:
+    fake = fleet(tmp_path)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "job.json").write_text("")
+    result = CliRunner().invoke(
+        cli, ["metrics", "--root", str(tmp_path), "--textfile", str(tmp_path / "m.prom")], obj={"slurm_client": fake}
+    )
+    assert result.exit_code == 0, result.output
+    got = samples((tmp_path / "m.prom").read_text())
+    assert got[("air_hpc_run_state", (("run", "broken"), ("state", "unreadable")))] == 1
+    assert got[("air_hpc_run_state", (("run", "broken"), ("state", "unknown")))] == 0
+    info = {dict(labels)["run"]: dict(labels) for name, labels in got if name == "air_hpc_run_info"}
+    assert "cannot read resolved config" in info["broken"]["problem"] and info["idle"]["problem"] == ""
+    assert got[("air_hpc_run_state", (("run", "gpt-tiny-local"), ("state", "running")))] == 1
+    assert got[("air_hpc_run_step", (("run", "gpt-tiny-local"),))] == 10
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
