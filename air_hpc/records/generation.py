@@ -1,9 +1,11 @@
 """One start's directory, ``<run>/heartbeat/<generation>/``: where its ranks beat, arm, and leave their verdict.
 
 The generation (``<job id>-<restart count>``) keeps the files of one start of
-the job apart from those of the previous start. The directory holds each
-rank's heartbeat (``health.heartbeat``), the stop protocol's ``armed-<rank>``
-and ``stop_requested`` files (``resilience.signals``), the pre-flight reports
+the job apart from those of the previous start (and of any other job). The
+directory holds the start's rank order (``hostfile``, when placement pins one;
+the supervisor rewrites it when a spare takes a node's ranks), each rank's
+heartbeat (``health.heartbeat``), the stop protocol's ``armed-<rank>`` and
+``stop_requested`` files (``resilience.signals``), the pre-flight reports
 (``health.preflight``) and the verdict file: when ranks exit because of a hang
 or a failed pre-flight check, ``srun`` kills the others and reports *their*
 signal (143), not ours; the batch script therefore reads the exit code the
@@ -15,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from air_hpc.exitcodes import ExitCode
-from air_hpc.records.names import BEAT_PREFIX, BEAT_SUFFIX, EXIT_CODE_FILE
+from air_hpc.records.names import BEAT_PREFIX, BEAT_SUFFIX, EXIT_CODE_FILE, HOSTFILE
 from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.env import SlurmEnv
 
@@ -39,6 +41,11 @@ def generation(environ: Mapping[str, str]) -> str:
 
 def generation_dir(run_dir: RunDir, name: str) -> Path:
     return run_dir.heartbeat / name
+
+
+def start_hostfile(directory: Path) -> Path:
+    """The rank order ``srun`` follows in this start (``SLURM_HOSTFILE``): per start, so no other job rewrites it."""
+    return directory / HOSTFILE
 
 
 def beat_path(directory: Path, rank: int) -> Path:

@@ -10,10 +10,11 @@ status/logs/report) goes through :class:`RunDir`, so the layout lives here only:
       metrics.jsonl      one JSON object per training step (written by the last PP stage, DP rank 0)
       events.jsonl       signal / checkpoint / requeue / resume / hang / health events
       bad_nodes.txt      nodes found hung or unhealthy, one per line
-      hostfile           the rank order srun follows (written by the batch script when placement pins it)
+      hostfile           the placement's rank order for the submitit executor (written at submit; the
+                         batch script's is per start: heartbeat/<generation>/hostfile)
       logs/              per-rank logs (rank-<R>.log) and the batch script's output
-      heartbeat/         one directory per start (``records.generation``): per-rank heartbeats, the ranks'
-                         "armed-<rank>", the batch shell's "stop_requested", the ranks' "exit_code"
+      heartbeat/         one directory per start (``records.generation``): its rank order, per-rank heartbeats,
+                         the ranks' "armed-<rank>", the batch shell's "stop_requested", the ranks' "exit_code"
       checkpoints/       step_0000123/ directories and the `latest` pointer
       owner.json         the one job that may write here (taken at submit, checked by every rank)
       .owner.lock        flock held while the owner is checked and replaced

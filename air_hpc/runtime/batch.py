@@ -9,8 +9,9 @@ implementation. Imports stay light (no torch, no pydantic): the script runs
 this a few times per start and once per stop signal.
 
 =========  ======================================================================
-start      record the start in submissions.jsonl, fit the placement's rank order to
-           the allocation (a requeue that excluded a bad node got other nodes), print
+start      check that this job owns the run (before writing anything), record the start in
+           submissions.jsonl, fit the placement's rank order to the allocation (a requeue
+           that excluded a bad node got other nodes) into the start's hostfile, print
            the generation directory and MASTER_ADDR / MASTER_PORT, one per line
 event      append one batch-shell event (``signal``) to events.jsonl
 finish     the ranks' verdict over srun's exit code, then the requeue decision
@@ -52,8 +53,9 @@ from pathlib import Path
 from air_hpc.errors import AirHpcError, SlurmError
 from air_hpc.exitcodes import NEVER_REQUEUED, REQUEUE_WORTHY, ExitCode
 from air_hpc.health.badnodes import read_bad_nodes
+from air_hpc.ownership.attempts import fence_settled
 from air_hpc.records.events import EventLog
-from air_hpc.records.generation import generation, generation_dir, read_exit_code
+from air_hpc.records.generation import generation, generation_dir, read_exit_code, start_hostfile
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import record_start
 from air_hpc.runtime.rendezvous import master_port
@@ -110,19 +112,34 @@ def fit_rank_order(rank_hosts: Sequence[str], allocated: Sequence[str]) -> tuple
     return [moved.get(host, host) for host in rank_hosts], moved
 
 
-def start(run_dir: RunDir, job: JobStart, environ: Mapping[str, str], hostfile: Path | None, master: bool) -> list[str]:
-    """Fit the rank order, record the start; the lines the script reads: generation dir (, master address, port)."""
-    allocated = job.allocated
-    first = allocated[0]
-    if hostfile is not None:
-        rank_hosts, moved = fit_rank_order(_lines(hostfile), allocated)
+def start(
+    run_dir: RunDir,
+    job: JobStart,
+    environ: Mapping[str, str],
+    rank_hosts: Sequence[str],
+    master: bool,
+    client: SlurmClient | None = None,
+) -> list[str]:
+    """Check that this job owns the run, fit the rank order, record the start; the lines the script reads.
+
+    The owner fence comes first and nothing is written before it: a second ``sbatch`` of the run's own
+    script must leave the run directory as it found it. The fitted rank order goes to this start's own
+    directory (``<generation>/hostfile``), which no other job writes. The lines: the start's directory
+    (, rank 0's address and port).
+    """
+    fence_settled(run_dir, environ, client)
+    start_dir = generation_dir(run_dir, generation(environ))
+    first = job.allocated[0]
+    if rank_hosts:
+        fitted, moved = fit_rank_order(rank_hosts, job.allocated)
         for missing, host in moved.items():
             say(f"{missing} is not in this allocation; its ranks run on {host}")
-        hostfile.write_text("".join(f"{host}\n" for host in rank_hosts))
-        first = rank_hosts[0]
+        start_dir.mkdir(parents=True, exist_ok=True)
+        start_hostfile(start_dir).write_text("".join(f"{host}\n" for host in fitted))
+        first = fitted[0]
     record_start(run_dir, job.job_id, job.restart_count, job.nodelist)
     say(f"job {job.job_id} start {job.restart_count + 1} on {job.nodelist}")
-    lines = [str(generation_dir(run_dir, generation(environ)))]
+    lines = [str(start_dir)]
     return [*lines, first, str(master_port(int(job.job_id)))] if master else lines
 
 
@@ -131,10 +148,6 @@ def emit(run_dir: RunDir, job: JobStart, kind: str, at_s: float | None = None, *
     EventLog(run_dir.events).emit_at(
         time.time() if at_s is None else at_s, kind, job_id=job.job_id, restart_count=job.restart_count, **fields
     )
-
-
-def _lines(path: Path) -> list[str]:
-    return [line.strip() for line in path.read_text().splitlines() if line.strip()]
 
 
 def slurm_preemption(client: SlurmClient, job_id: str) -> Preemption | None:
@@ -208,7 +221,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     cmd = commands.add_parser("start")
     cmd.add_argument("run_dir", type=Path)
-    cmd.add_argument("--hostfile", type=Path, help="the placement's rank order, one host per rank, fitted in place")
+    cmd.add_argument("--rank-hosts", nargs="+", default=[], metavar="HOST", help="the placement's rank order")
     cmd.add_argument("--master", action="store_true", help="also print MASTER_ADDR and MASTER_PORT")
     cmd = commands.add_parser("event")
     cmd.add_argument("run_dir", type=Path)
@@ -234,7 +247,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         run_dir = RunDir(args.run_dir)
         start_dir = generation_dir(run_dir, generation(env))
         if args.command == "start":
-            print("\n".join(start(run_dir, job, env, args.hostfile, args.master)))
+            print("\n".join(start(run_dir, job, env, args.rank_hosts, args.master, SlurmClient(env))))
         elif args.command == "event":
             fields = dict(field.split("=", 1) for field in args.field)
             emit(run_dir, job, args.kind, args.at, **fields)

@@ -56,7 +56,14 @@ from air_hpc.exitcodes import REQUEUE_WORTHY, ExitCode
 from air_hpc.health.badnodes import append_bad_nodes, read_bad_nodes
 from air_hpc.ownership.attempts import fence_settled
 from air_hpc.records.events import EventLog
-from air_hpc.records.generation import STEP_ATTEMPT_ENV, generation, generation_dir, read_exit_code, write_exit_code
+from air_hpc.records.generation import (
+    STEP_ATTEMPT_ENV,
+    generation,
+    generation_dir,
+    read_exit_code,
+    start_hostfile,
+    write_exit_code,
+)
 from air_hpc.records.names import ARMED_FILE_PREFIX, BEAT_GLOB, STOP_REQUESTED_FILE, SUPERVISOR_ARMED_FILE
 from air_hpc.records.rundir import RunDir
 from air_hpc.runtime.probe import PROBE_TIMEOUT_S, probe_dead
@@ -203,7 +210,9 @@ class Supervisor:
         self.slurm = SlurmEnv.from_environ(self.environ)
         self.job_id = self.slurm.job_id or ""
         self.restart_count = self.slurm.restart_count
-        self.hostfile = self.slurm.hostfile or run_dir.hostfile
+        job_start = {k: v for k, v in environ.items() if k != STEP_ATTEMPT_ENV}
+        self.start_dir = generation_dir(run_dir, generation(job_start))
+        self.hostfile = self.slurm.hostfile or start_hostfile(self.start_dir)
         self.backstop_s = hang_backstop_s(job)
         self.probe = probe or self.probe_dead
         self._signum: int | None = None
@@ -221,12 +230,9 @@ class Supervisor:
         names = {self.job.resilience.signal, *STOP_SIGNALS}
         for name in names:
             signal.signal(getattr(signal, f"SIG{name}"), self._on_signal)
-        job_start = generation_dir(
-            self.run_dir, generation({k: v for k, v in self.environ.items() if k != STEP_ATTEMPT_ENV})
-        )
-        job_start.mkdir(parents=True, exist_ok=True)
-        (job_start / SUPERVISOR_ARMED_FILE).touch()
-        if (job_start / STOP_REQUESTED_FILE).exists():
+        self.start_dir.mkdir(parents=True, exist_ok=True)
+        (self.start_dir / SUPERVISOR_ARMED_FILE).touch()
+        if (self.start_dir / STOP_REQUESTED_FILE).exists():
             log.warning("a stop was requested before the supervisor was armed")
             self._signum = int(getattr(signal, f"SIG{self.job.resilience.signal}"))
 
@@ -386,6 +392,7 @@ class Supervisor:
         return probing.result() if any(h not in reported for h in hosts) else ()
 
     def _step_env(self, attempt: int, rank_hosts: Sequence[str]) -> dict[str, str]:
+        self.hostfile.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.hostfile.with_name(f".{self.hostfile.name}.tmp")
         tmp.write_text("".join(f"{h}\n" for h in rank_hosts))
         tmp.replace(self.hostfile)

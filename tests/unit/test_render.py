@@ -257,9 +257,11 @@ def test_user_master_port_is_not_overridden() -> None:
 def test_rank_order_goes_to_hostfile_and_arbitrary_distribution() -> None:
     text = render_for([], NodeRequest(nodelist="n[3-4]", rank_hosts=("n4", "n4", "n3", "n3")))
     assert "#SBATCH --nodelist=n[3-4]" in text
-    assert "printf '%s\\n' n4 n4 n3 n3 >\"$SLURM_HOSTFILE\"" in text
     assert "--distribution=arbitrary" in text and "--ntasks-per-node=2 --cpus" not in text
-    assert 'start "$run_dir" --hostfile "$SLURM_HOSTFILE" --master)' in text
+    assert 'start "$run_dir" --master \\\n    --rank-hosts n4 n4 n3 n3) ||' in text
+    # The batch shell itself writes nothing before the helper's owner fence, and the rank order is per start.
+    assert text.index("helper start") < text.index('export SLURM_HOSTFILE="$generation_dir"/hostfile')
+    assert '>"$' not in text[: text.index("helper start")]
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from air_hpc.exitcodes import REQUEUE_WORTHY, ExitCode
+from air_hpc.ownership.owner import NotOwnerError, claim
 from air_hpc.records.generation import write_exit_code
 from air_hpc.records.jsonl import read_jsonl
 from air_hpc.records.rundir import RunDir
@@ -17,6 +18,7 @@ from air_hpc.runtime.batch import (
     JobStart,
     finish,
     fit_rank_order,
+    main,
     requeue,
     start,
 )
@@ -37,15 +39,27 @@ def test_a_missing_host_gives_its_ranks_to_an_unused_node_and_the_others_stay() 
 
 def test_start_records_fits_and_names_rank_zero(tmp_path: Path) -> None:
     run_dir = RunDir(tmp_path)
-    hostfile = tmp_path / "hostfile"
-    hostfile.write_text("n2\nn2\nn7\nn7\n")
     env = {"SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "1"}
-    lines = start(run_dir, JOB, env, hostfile, master=True)
+    lines = start(run_dir, JOB, env, ["n2", "n2", "n7", "n7"], master=True)
     assert lines == [str(tmp_path / "heartbeat" / "4242-1"), "n8", str(master_port(4242))]
-    assert hostfile.read_text() == "n8\nn8\nn7\nn7\n"
+    assert (tmp_path / "heartbeat" / "4242-1" / "hostfile").read_text() == "n8\nn8\nn7\nn7\n"
     (row,) = read_jsonl(run_dir.submissions)
     assert (row["kind"], row["job_id"], row["restart_count"], row["nodelist"]) == ("started", "4242", 1, "n[7-8]")
-    assert start(run_dir, JOB, env, None, master=False) == [str(tmp_path / "heartbeat" / "4242-1")]
+    assert start(run_dir, JOB, env, [], master=False) == [str(tmp_path / "heartbeat" / "4242-1")]
+
+
+def test_a_job_that_does_not_own_the_run_starts_nothing_and_writes_nothing(tmp_path: Path) -> None:
+    """A second sbatch of the run's own script: turned away before it writes a file (issue 27 item 1)."""
+    run_dir = RunDir(tmp_path / "run")
+    with claim(run_dir, lambda owner: False) as record:
+        record("4241", "slurm")
+    before = sorted(p.name for p in run_dir.path.rglob("*"))
+    env = {"SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "1"}
+    with pytest.raises(NotOwnerError, match="belongs to job 4241, not to this job 4242"):
+        start(run_dir, JOB, env, ["n7", "n7", "n8", "n8"], master=True)
+    assert sorted(p.name for p in run_dir.path.rglob("*")) == before
+    assert main(["start", str(run_dir.path), "--rank-hosts", "n7", "n8"], {**env, "SLURM_JOB_NODELIST": "n[7-8]"}) == 1
+    assert sorted(p.name for p in run_dir.path.rglob("*")) == before
 
 
 @pytest.mark.parametrize(
