@@ -6,7 +6,10 @@ Modules, each with one job:
 - ``store``: the checkpoint directory layout: staging, manifest, atomic commit, verify, retention.
 - ``state``: what goes into a checkpoint, and the one adapter of Megatron's ``dist_checkpointing``.
 - ``safe_load``: refuses checkpoints whose pickles would run code.
-- ``checkpointer``: sync and async saves driven by the trainer (collectives and format injected).
+- ``training_state``: the one typed bundle a checkpoint saves and a resume loads (model, optimizer, schedule).
+- ``checkpointer``: the save/resume policy the trainer drives (collectives and format injected).
+- ``writer``: the forked writer process of an async save, which dies with its rank.
+- ``failures``: one line for a failed save, naming the path and errno.
 - ``interval``: ``checkpoint.interval_steps: auto`` from the save cost and the failure rate.
 - ``progress``: the restart budget for crash loops.
 

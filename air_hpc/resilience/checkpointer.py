@@ -22,9 +22,8 @@ A save that fails (a full disk, a read-only file system, a writer that died) emi
 ``checkpoint_failed`` event, removes its staging directory, and raises one
 :class:`CheckpointError` naming the path and the errno.
 
-A writer dies with its rank: it watches a pipe whose only write end the rank holds, and kills
-its own process group (itself and the workers Megatron forks from it) when that end closes,
-which the kernel does however the rank ends, ``kill -9`` included.
+The writer processes (fork, report, stop, dying with the rank) are :mod:`air_hpc.resilience.writer`'s;
+what a checkpoint holds is one :class:`~air_hpc.resilience.training_state.TrainingState`.
 
 Retention (deleting old checkpoints) runs in rank 0's background thread after each commit and
 deletes only checkpoints superseded by a newer one this process verified (resumed from after
@@ -35,28 +34,24 @@ everywhere is loaded on all ranks. When checkpoints exist but none passes, the r
 (:class:`UnusableCheckpointsError`) unless ``checkpoint.allow_fresh_start`` is set.
 """
 
-import contextlib
-import errno
-import gc
 import logging
-import multiprocessing
-import os
 import queue
 import shutil
-import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from air_hpc.config.layout import ParallelLayout
 from air_hpc.errors import CheckpointError, UnusableCheckpointsError
 from air_hpc.records.events import EventLog
 from air_hpc.resilience import state
-from air_hpc.resilience.store import Check, CheckpointStore, record_hashes, step_name
+from air_hpc.resilience.failures import describe_error, file_system_problem, os_error_in
+from air_hpc.resilience.store import Check, CheckpointStore, step_name
+from air_hpc.resilience.training_state import TrainingState
+from air_hpc.resilience.writer import Writer, write_and_hash
 from air_hpc.train.collectives import Collectives, ProcessGroup
 
 log = logging.getLogger(__name__)
@@ -70,16 +65,7 @@ class CheckpointFormat(Protocol):
     every rank together (``finalize``, after the write results were put on ``results_queue``).
     """
 
-    def plan(
-        self,
-        directory: Path,
-        step: int,
-        model_chunks: Sequence[Any],
-        optimizer: Any,
-        scheduler: Any,
-        extra: dict[str, Any],
-        validate: bool,
-    ) -> Any: ...
+    def plan(self, directory: Path, step: int, training: TrainingState, validate: bool) -> Any: ...
 
     def stage(self, request: Any) -> Any: ...
 
@@ -99,28 +85,18 @@ class CheckpointFormat(Protocol):
         """Raise :class:`CheckpointError` if loading ``directory`` would run anything it holds."""
         ...
 
-    def load(
-        self,
-        directory: Path,
-        model_chunks: Sequence[Any],
-        optimizer: Any,
-        scheduler: Any,
-        reseed: Callable[[int], None] | None,
-    ) -> state.Loaded: ...
+    def load(self, directory: Path, training: TrainingState, reseed: Callable[[int], None] | None) -> state.Loaded: ...
 
 
 @dataclass
 class _Pending:
     step: int
     request: Any
-    process: Any
+    writer: Writer | None
     started_s: float
     stall_s: float
     reason: str
     phases: dict[str, float]
-    conn: Connection | None = None
-    alive_fd: int | None = None
-    """The rank's end of the pipe its writer watches; closing it (or dying) stops the writer."""
     error: str | None = None
 
     def lap(self, phase: str, since: float) -> float:
@@ -130,181 +106,16 @@ class _Pending:
 
     def unreported(self, wait_s: float = 0.0) -> bool:
         """This rank's writer has not sent its results yet (it sends once, at its end), after ``wait_s``."""
-        return self.conn is not None and not self.conn.poll(wait_s)
+        return self.writer is not None and not self.writer.reported(wait_s)
 
     def stop_writer(self) -> None:
-        """Kill this rank's writer with the workers it forked, and close the pipes."""
-        if self.process is not None:
-            _kill_writer(self.process)
-        if self.conn is not None:
-            self.conn.close()
-        self.release_writer()
+        """Kill this rank's writer with the workers it forked."""
+        if self.writer is not None:
+            self.writer.stop()
 
-    def release_writer(self) -> None:
-        """Close the rank's end of the lifeline pipe (the writer has exited or been killed)."""
-        if self.alive_fd is not None:
-            os.close(self.alive_fd)
-            self.alive_fd = None
-
-
-def _write_and_hash(
-    fmt: CheckpointFormat, request: Any, staging: Path, rank: int, stage_to_host: bool, results: Any
-) -> float:
-    """Write this rank's shards (write results go to ``results.put``) and record their sha256.
-
-    Returns the seconds spent hashing. A write error that Megatron's writer reports as its
-    result (a worker's ``OSError``, say) is raised here, before anything is hashed.
-    """
-    collected = _Collect()
-    fmt.write(request, stage_to_host, collected)
-    results.put(collected.item)
-    if isinstance(collected.item, BaseException):
-        raise collected.item
-    started = time.perf_counter()
-    record_hashes(staging, f"rank{rank}", fmt.shard_files(request))
-    return time.perf_counter() - started
-
-
-class _Collect:
-    """Stands in for Megatron's results queue inside the forked writer: keeps the one result."""
-
-    def __init__(self) -> None:
-        self.item: Any = None
-
-    def put(self, item: Any) -> None:
-        self.item = item
-
-
-def describe_error(exc: BaseException, where: Path | None = None) -> str:
-    """One line for a failed save: ``<path>: No space left on device (errno 28, ENOSPC)`` for OS errors.
-
-    Follows ``raise ... from`` chains, so an ``OSError`` wrapped by a library is still named;
-    ``where`` stands in for the path when the error has none (a write to an open file). An error
-    without an errno (torch's serializer reports a short write as "unexpected pos") is checked
-    against ``where``'s file system: a read-only or full one is named as such.
-    """
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    os_error = _os_error(exc)
-    found_after = ""
-    if os_error is None and where is not None:
-        os_error = _file_system_problem(where)
-        found_after = f"; found after: {text}"
-    if os_error is None or os_error.errno is None:
-        return text
-    path = os_error.filename or where
-    prefix = f"{path}: " if path else ""
-    name = errno.errorcode.get(os_error.errno, "?")
-    return f"{prefix}{os_error.strerror or os.strerror(os_error.errno)} (errno {os_error.errno}, {name}{found_after})"
-
-
-#: Free space below which a failed write is put down to a full file system.
-_FULL_BELOW_BYTES = 1 << 20
-
-
-def _file_system_problem(where: Path) -> OSError | None:
-    """A read-only or (nearly) full file system under ``where``, as the OSError a write there would raise."""
-    path = where
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    try:
-        fs = os.statvfs(path)
-    except OSError:
-        return None
-    if fs.f_flag & os.ST_RDONLY:
-        return OSError(errno.EROFS, os.strerror(errno.EROFS), str(where))
-    if fs.f_bavail * fs.f_frsize < _FULL_BELOW_BYTES:
-        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(where))
-    return None
-
-
-def _os_error(exc: BaseException) -> OSError | None:
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno is not None:
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def _die_with_rank(alive_fd: int) -> None:
-    """In the writer: kill our process group as soon as the rank's end of the lifeline pipe closes.
-
-    The rank holds the only write end; the kernel closes it when the rank exits, however it
-    exits. ``PR_SET_PDEATHSIG`` would reach this process only, not the workers it forks.
-    """
-
-    def watch() -> None:
-        while os.read(alive_fd, 64):
-            pass
-        os.killpg(os.getpid(), signal.SIGKILL)
-
-    threading.Thread(target=watch, name="writer-lifeline", daemon=True).start()
-
-
-def _background_writer(
-    fmt: CheckpointFormat, request: Any, staging: Path, rank: int, conn: Connection, alive: tuple[int, int]
-) -> None:
-    """The forked writer of an async save: write, hash, send the write results to the rank, exit.
-
-    Runs at a lower CPU priority so that on a busy node the training ranks keep their cores, and
-    without garbage collection.
-    It inherits the rank's signal handlers, which only set a flag: a preemption signal sent to
-    every process of the job step does not kill a write in progress. It leads its own process
-    group, so that a superseded write can be stopped with the worker processes Megatron forks
-    from it: an orphaned worker would keep the rank's inherited sockets (rank 0's rendezvous
-    port among them) open, and the next start's ranks would connect to a listener nobody serves.
-    Slurm's ``proctrack/cgroup`` and ``proctrack/linuxproc`` still count it in the step;
-    ``proctrack/pgid`` (which Slurm advises against) would not.
-
-    It sends ``(results, None)``, or ``(None, error)`` with :func:`describe_error`'s line.
-    """
-    _lead_own_process_group(os.getpid())
-    os.close(alive[1])  # only the rank may hold the write end, or its death would go unnoticed
-    _die_with_rank(alive[0])
-    gc.disable()  # a collection here could free the parent's CUDA tensors from a forked child (Megatron does the same)
-    os.nice(_WRITER_NICENESS)
-    collected = _Collect()
-    try:
-        _write_and_hash(fmt, request, staging, rank, False, collected)
-    except Exception as exc:
-        log.exception("rank %d: the background writer failed", rank)
-        conn.send((None, describe_error(exc, staging)))
-    else:
-        conn.send((collected.item, None))
-    conn.close()
-
-
-#: How much lower the background writer's CPU priority is than the training process's.
-_WRITER_NICENESS = 10
 
 #: How often a waiting save asks (collectively) whether the writers reported.
 _WAIT_POLL_S = 0.5
-
-
-def _start_writer(fmt: CheckpointFormat, request: Any, staging: Path, rank: int) -> tuple[Any, Connection, int]:
-    """Fork the background writer; returns it, the pipe it reports on, and the rank's end of its lifeline."""
-    ctx = multiprocessing.get_context("fork")
-    conn, child_end = ctx.Pipe(duplex=False)
-    alive = os.pipe()
-    process = ctx.Process(target=_background_writer, args=(fmt, request, staging, rank, child_end, alive), daemon=False)
-    process.start()
-    _lead_own_process_group(cast(int, process.pid))  # a started process has one
-    child_end.close()
-    os.close(alive[0])
-    return process, conn, alive[1]
-
-
-def _lead_own_process_group(pid: int) -> None:
-    """Called by both the writer and the rank, so the group exists before either goes on."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):  # the writer exited already
-        os.setpgid(pid, pid)
-
-
-def _kill_writer(process: Any) -> None:
-    """SIGKILL the writer and every worker it forked (its process group), then reap the writer."""
-    with contextlib.suppress(ProcessLookupError):  # the whole group exited already
-        os.killpg(process.pid, signal.SIGKILL)
-    process.join()
 
 
 class Checkpointer:
@@ -360,16 +171,13 @@ class Checkpointer:
     def save(
         self,
         step: int,
-        model_chunks: Sequence[Any],
-        optimizer: Any,
-        scheduler: Any,
-        extra: dict[str, Any],
+        training: TrainingState,
         *,
         sync: bool = False,
         reason: str = "interval",
         supersede: bool = False,
     ) -> None:
-        """Save ``step``; async unless ``sync`` or async is off. Returns when training may continue.
+        """Save ``training`` as ``step``; async unless ``sync`` or async is off. Returns when training may continue.
 
         ``supersede`` (a preemption's save, due within the signal's lead time) does not wait for an
         async save still being written: its writers are stopped and the older step is left partial.
@@ -379,26 +187,16 @@ class Checkpointer:
             self._abandon_unfinished_write(step)
         self.wait()
         try:
-            self._save(step, model_chunks, optimizer, scheduler, extra, sync=sync, reason=reason)
+            self._save(step, training, sync=sync, reason=reason)
         except CheckpointError:
             raise
         except Exception as exc:
             staging = self._staging_path(step)
-            if _os_error(exc) is None and _file_system_problem(staging) is None:
+            if os_error_in(exc) is None and file_system_problem(staging) is None:
                 raise
             self._fail(step, describe_error(exc, staging), exc)  # a full or read-only disk: say the path and errno
 
-    def _save(
-        self,
-        step: int,
-        model_chunks: Sequence[Any],
-        optimizer: Any,
-        scheduler: Any,
-        extra: dict[str, Any],
-        *,
-        sync: bool,
-        reason: str,
-    ) -> None:
+    def _save(self, step: int, training: TrainingState, *, sync: bool, reason: str) -> None:
         started = time.perf_counter()
         state.drain(self._results)
         pending = _Pending(step, None, None, started, 0.0, reason, {})
@@ -412,14 +210,12 @@ class Checkpointer:
             self._fail(step, error or "on rank 0")
         staging = self.store.staging_dir(step)
         lap = pending.lap("begin", started)
-        pending.request = self.format.plan(
-            staging, step, model_chunks, optimizer, scheduler, extra, validate=not self._validated
-        )
+        pending.request = self.format.plan(staging, step, training, validate=not self._validated)
         self._validated = True
         lap = pending.lap("plan", lap)
         if sync or not self.async_save:
             try:
-                hash_s = _write_and_hash(
+                hash_s = write_and_hash(
                     self.format, pending.request, staging, self.rank, self.device == "cuda", self._results
                 )
                 pending.phases["hash"] = round(hash_s, 4)
@@ -435,7 +231,7 @@ class Checkpointer:
             request = self.format.stage(request)
             lap = pending.lap("stage", lap)
         if self.format.writes(request):
-            pending.process, pending.conn, pending.alive_fd = _start_writer(self.format, request, staging, self.rank)
+            pending.writer = Writer.start(self.format, request, staging, self.rank)
             pending.lap("fork", lap)
         pending.stall_s = time.perf_counter() - started
         self._pending = pending
@@ -535,17 +331,8 @@ class Checkpointer:
             self.abort()
 
     def _finish(self, pending: _Pending, sync: bool) -> None:
-        if pending.conn is not None and pending.process is not None:
-            try:
-                results, pending.error = pending.conn.recv()
-                self._results.put(results)  # where Megatron's finalize looks for them
-            except EOFError:
-                pending.error = "the background writer died before reporting"
-            pending.conn.close()
-            pending.process.join()
-            pending.release_writer()
-            if pending.process.exitcode != 0 and pending.error is None:
-                pending.error = f"the background writer exited with {pending.process.exitcode}"
+        if pending.writer is not None:
+            pending.error = pending.writer.collect(self._results)
         if self.comm.any_rank(pending.error is not None):
             self._fail(pending.step, pending.error or "on another rank")
         lap = time.perf_counter()
@@ -662,21 +449,15 @@ class Checkpointer:
             self._emit("fresh_start", skipped=len(failures))
         return None
 
-    def resume(
-        self,
-        model_chunks: Sequence[Any],
-        optimizer: Any,
-        scheduler: Any,
-        reseed: Callable[[int], None] | None = None,
-    ) -> state.Loaded | None:
-        """Load the newest good checkpoint, or return None on the first start (resume is the normal start)."""
+    def resume(self, training: TrainingState, reseed: Callable[[int], None] | None = None) -> state.Loaded | None:
+        """Load the newest good checkpoint into ``training``; None on the first start (resume is the normal start)."""
         step = self.find_resume_step()
         if step is None:
             if self.rank == 0:
                 log.info("no checkpoint to resume from in %s: starting from scratch", self.store.root)
             return None
         started = time.perf_counter()
-        loaded = self.format.load(self.store.path(step), model_chunks, optimizer, scheduler, reseed)
+        loaded = self.format.load(self.store.path(step), training, reseed)
         if self.rank == 0:
             self._emit(
                 "resume",

@@ -6,8 +6,8 @@
   tracker) as one row of a ``[world_size, n]`` uint8 tensor holding JSON, keyed
   by global rank. Restored only when the layout is unchanged; otherwise it is
   re-derived from the step and :class:`Loaded` says so;
-- progress (step, consumed samples, the caller's ``extra``), the LR scheduler
-  state and the layout in ``air_hpc_state.json``, written by rank 0.
+- progress (step, and the :class:`TrainingState`'s ``progress`` counters as ``extra``),
+  the LR scheduler state and the layout in ``air_hpc_state.json``, written by rank 0.
 
 Nothing of ours is pickled, and :func:`load` checks every pickle the library
 would read with a restricted loader first (:mod:`air_hpc.resilience.safe_load`).
@@ -37,6 +37,7 @@ import torch.distributed as dist
 from air_hpc.config.layout import ParallelLayout
 from air_hpc.errors import CheckpointError
 from air_hpc.resilience.safe_load import check_checkpoint
+from air_hpc.resilience.training_state import ModelChunk, TrainingState
 from air_hpc.train import collectives, megatron_compat
 
 log = logging.getLogger(__name__)
@@ -57,20 +58,18 @@ class Loaded:
     rng_restored: bool
 
 
-def sharded_state_dict(
-    model_chunks: Sequence[Any], optimizer: Any, rng_row: Any | None, *, is_loading: bool
-) -> dict[str, Any]:
+def sharded_state_dict(training: TrainingState, rng_row: Any | None, *, is_loading: bool) -> dict[str, Any]:
     """Model and optimizer as Megatron sharded state, plus this rank's RNG row when given."""
     state: dict[str, Any] = {}
-    for key, chunk in _model_keys(model_chunks):
+    for key, chunk in _model_keys(training.model_chunks):
         state[key] = chunk.sharded_state_dict()
-    state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=is_loading)
+    state["optimizer"] = training.optimizer.sharded_state_dict(state, is_loading=is_loading)
     if rng_row is not None:
         state[RNG_KEY] = rng_row
     return state
 
 
-def _model_keys(model_chunks: Sequence[Any]) -> list[tuple[str, Any]]:
+def _model_keys(model_chunks: Sequence[ModelChunk]) -> list[tuple[str, ModelChunk]]:
     """``model`` (or ``model0``, ``model1``, ... with virtual stages) -> the chunk inside its DDP wrapper.
 
     Unwrapping keeps the checkpoint's tensor names free of wrapper prefixes, so a checkpoint
@@ -151,17 +150,16 @@ def _rng_row(rank: int, world: int, length: int | None = None) -> tuple[Any, int
 
 
 # -- save / load -------------------------------------------------------------------------------
-def write_state_file(
-    directory: Path, step: int, layout: ParallelLayout, scheduler: Any, extra: dict[str, Any], rng_len: int
-) -> None:
+def write_state_file(directory: Path, step: int, layout: ParallelLayout, training: TrainingState, rng_len: int) -> None:
     """Rank 0: progress, scheduler and layout as JSON (fsynced by the store's commit)."""
+    scheduler = training.scheduler
     doc = {
         "format": STATE_FORMAT,
         "step": step,
         "layout": {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "vpp": layout.vpp},
         "rng_row_bytes": rng_len,
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
-        "extra": extra,
+        "extra": dict(training.progress),
     }
     (directory / STATE_FILE).write_text(json.dumps(doc, indent=1) + "\n")
 
@@ -180,15 +178,7 @@ def read_state_file(directory: Path) -> dict[str, Any]:
 
 
 def prepare_save(
-    directory: Path,
-    step: int,
-    model_chunks: Sequence[Any],
-    optimizer: Any,
-    scheduler: Any,
-    extra: dict[str, Any],
-    *,
-    layout: ParallelLayout,
-    validate: bool = True,
+    directory: Path, step: int, training: TrainingState, *, layout: ParallelLayout, validate: bool = True
 ) -> Any:
     """Plan a save of this rank's state into ``directory`` (all ranks); returns Megatron's AsyncRequest.
 
@@ -204,27 +194,18 @@ def prepare_save(
 
     rank, world = dist.get_rank(), dist.get_world_size()
     row, rng_len = _rng_row(rank, world)
-    state = sharded_state_dict(model_chunks, optimizer, row, is_loading=False)
+    state = sharded_state_dict(training, row, is_loading=False)
     request = dist_checkpointing.save(
         state, str(directory), async_sharded_save=True, validate_access_integrity=validate
     )
     if rank == 0:
-        write_state_file(directory, step, layout, scheduler, extra, rng_len)
+        write_state_file(directory, step, layout, training, rng_len)
     return request
 
 
-def save(
-    directory: Path,
-    model_chunks: Sequence[Any],
-    optimizer: Any,
-    scheduler: Any,
-    extra: dict[str, Any],
-    *,
-    step: int,
-    layout: ParallelLayout,
-) -> None:
+def save(directory: Path, training: TrainingState, *, step: int, layout: ParallelLayout) -> None:
     """Synchronous save of all ranks' state into ``directory`` (collective; returns when written)."""
-    request = prepare_save(directory, step, model_chunks, optimizer, scheduler, extra, layout=layout)
+    request = prepare_save(directory, step, training, layout=layout)
     run_request(request)
     finalize_request(request)
 
@@ -279,14 +260,12 @@ def finalize_request(request: Any) -> None:
 
 def load(
     directory: Path,
-    model_chunks: Sequence[Any],
-    optimizer: Any,
-    scheduler: Any,
+    training: TrainingState,
     *,
     layout: ParallelLayout,
     reseed: Callable[[int], None] | None = None,
 ) -> Loaded:
-    """Load ``directory`` into this rank's model, optimizer and scheduler (collective).
+    """Load ``directory`` into this rank's model, optimizer and scheduler (collective; progress is returned).
 
     With the same layout every rank gets its RNG state back (bit-exact resume). With a
     different one the shards are resharded and the RNG is re-derived with
@@ -300,13 +279,13 @@ def load(
     check_checkpoint(directory)
     rank, world = dist.get_rank(), dist.get_world_size()
     row = _rng_row(rank, world, int(doc["rng_row_bytes"]))[0] if same else None
-    state = sharded_state_dict(model_chunks, optimizer, row, is_loading=True)
+    state = sharded_state_dict(training, row, is_loading=True)
     loaded = dist_checkpointing.load(state, str(directory))
-    for key, chunk in _model_keys(model_chunks):
+    for key, chunk in _model_keys(training.model_chunks):
         chunk.load_state_dict(loaded[key])
-    optimizer.load_state_dict(loaded["optimizer"])
-    if scheduler is not None and doc["scheduler"] is not None:
-        scheduler.load_state_dict(doc["scheduler"])
+    training.optimizer.load_state_dict(loaded["optimizer"])
+    if training.scheduler is not None and doc["scheduler"] is not None:
+        training.scheduler.load_state_dict(doc["scheduler"])
     step = int(doc["step"])
     if same:
         payload = loaded[RNG_KEY].reshape(-1).numpy().tobytes()
@@ -327,19 +306,8 @@ class DistCheckpoint:
     def __init__(self, layout: ParallelLayout) -> None:
         self.layout = layout
 
-    def plan(
-        self,
-        directory: Path,
-        step: int,
-        model_chunks: Sequence[Any],
-        optimizer: Any,
-        scheduler: Any,
-        extra: dict[str, Any],
-        validate: bool,
-    ) -> Any:
-        return prepare_save(
-            directory, step, model_chunks, optimizer, scheduler, extra, layout=self.layout, validate=validate
-        )
+    def plan(self, directory: Path, step: int, training: TrainingState, validate: bool) -> Any:
+        return prepare_save(directory, step, training, layout=self.layout, validate=validate)
 
     def stage(self, request: Any) -> Any:
         return staged(request)
@@ -362,12 +330,5 @@ class DistCheckpoint:
     def check(self, directory: Path) -> None:
         check_checkpoint(directory)
 
-    def load(
-        self,
-        directory: Path,
-        model_chunks: Sequence[Any],
-        optimizer: Any,
-        scheduler: Any,
-        reseed: Callable[[int], None] | None,
-    ) -> Loaded:
-        return load(directory, model_chunks, optimizer, scheduler, layout=self.layout, reseed=reseed)
+    def load(self, directory: Path, training: TrainingState, reseed: Callable[[int], None] | None) -> Loaded:
+        return load(directory, training, layout=self.layout, reseed=reseed)

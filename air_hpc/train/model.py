@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from air_hpc.config.models import JobConfig
+from air_hpc.resilience.training_state import TrainingState
 from air_hpc.train.parallel import ParallelContext
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,10 @@ class Model:
     optimizer: Any
     scheduler: Any
     config: Any
+
+    def state(self) -> TrainingState:
+        """What a checkpoint saves of this rank and a resume loads into it."""
+        return TrainingState(tuple(self.chunks), self.optimizer, self.scheduler)
 
     @property
     def num_parameters(self) -> int:

@@ -132,7 +132,7 @@ def train(
 
 def _resume(checkpoints: "Checkpointer", model: "Model") -> _Start:
     """Load the newest good checkpoint (collective); resume is the normal start."""
-    loaded = checkpoints.resume(model.chunks, model.optimizer, model.scheduler)
+    loaded = checkpoints.resume(model.state())
     if loaded is None:
         return _Start(None, 1, 0)
     consumed = int(loaded.extra["consumed_samples"])
@@ -268,10 +268,8 @@ class _StepLoop:
             self.heartbeat.beat("checkpoint", step)
         if self.board is not None:
             self.board.checkpoint(step, reason)
-        model, extra = self.model, {"consumed_samples": self.consumed}
-        self.checkpoints.save(
-            step, model.chunks, model.optimizer, model.scheduler, extra, sync=sync, reason=reason, supersede=supersede
-        )
+        training = self.model.state().at(consumed_samples=self.consumed)
+        self.checkpoints.save(step, training, sync=sync, reason=reason, supersede=supersede)
 
     def close(self) -> None:
         if self.watch is not None:

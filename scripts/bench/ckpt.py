@@ -142,7 +142,7 @@ def worker(args: argparse.Namespace) -> None:
         def sync_save() -> float:
             dist.barrier()
             started = time.perf_counter()
-            sync_ckpt.save(step, model.chunks, model.optimizer, model.scheduler, {}, sync=True)
+            sync_ckpt.save(step, model.state(), sync=True)
             return time.perf_counter() - started
 
         sync_save()  # warm-up; also tells the size for dd
@@ -166,7 +166,7 @@ def worker(args: argparse.Namespace) -> None:
             # Async: the save call, then steps until the save is committed (at least --steps of them);
             # the stall is the extra time over the same number of plain steps.
             started = time.perf_counter()
-            async_ckpt.save(step, model.chunks, model.optimizer, model.scheduler, {}, sync=False)
+            async_ckpt.save(step, model.state(), sync=False)
             blocked = time.perf_counter() - started
             steps = 0
             while steps < args.steps or agree(async_ckpt.busy):
@@ -201,7 +201,7 @@ def worker(args: argparse.Namespace) -> None:
                     drop_cache(files)
                 dist.barrier()
                 started = time.perf_counter()
-                loader.resume(model.chunks, model.optimizer, model.scheduler)
+                loader.resume(model.state())
                 dist.barrier()
                 load_s[check].append(time.perf_counter() - started)
         if args.rank == 0:

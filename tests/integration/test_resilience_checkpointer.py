@@ -65,7 +65,7 @@ def model() -> Iterator[Any]:
 
 
 def save(ckpt: Checkpointer, model: Any, step: int, sync: bool) -> None:
-    ckpt.save(step, model.chunks, model.optimizer, model.scheduler, {"consumed_samples": step}, sync=sync)
+    ckpt.save(step, model.state().at(consumed_samples=step), sync=sync)
 
 
 def test_async_save_commits_after_poll_and_wait(model: Any, tmp_path: Path) -> None:
@@ -145,10 +145,10 @@ def test_a_preemption_save_supersedes_an_unfinished_async_write(
     events = EventLog(tmp_path / "events.jsonl")
     ckpt = Checkpointer(store, events, async_save=True, layout=LAYOUT)
     worker = save_with_stuck_writer(ckpt, model, 2, tmp_path, monkeypatch)
-    writer = ckpt._pending.process if ckpt._pending else None
+    writer = ckpt._pending.writer if ckpt._pending else None
     started = time.monotonic()
     # a preemption's save must not wait for the stuck writer
-    ckpt.save(3, model.chunks, model.optimizer, model.scheduler, {"consumed_samples": 3}, sync=True, supersede=True)
+    ckpt.save(3, model.state().at(consumed_samples=3), sync=True, supersede=True)
     ckpt.close()
     assert time.monotonic() - started < 60
     assert writer is not None and not writer.is_alive()
@@ -180,9 +180,9 @@ def test_a_save_abandons_async_writers_that_do_not_report_in_time(
 def test_resume_finds_the_newest_and_restores_progress(model: Any, tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path / "checkpoints", keep_last=5)
     ckpt = Checkpointer(store, EventLog(tmp_path / "events.jsonl"), async_save=False, layout=LAYOUT)
-    assert ckpt.resume(model.chunks, model.optimizer, model.scheduler) is None  # the first start
+    assert ckpt.resume(model.state()) is None  # the first start
     save(ckpt, model, 4, sync=True)
-    loaded = ckpt.resume(model.chunks, model.optimizer, model.scheduler)
+    loaded = ckpt.resume(model.state())
     assert loaded is not None and loaded.step == 4 and loaded.extra == {"consumed_samples": 4}
     assert loaded.rng_restored and not loaded.layout_changed
     assert os.path.isfile(store.path(4) / state.STATE_FILE)
@@ -289,13 +289,13 @@ def test_resume_refuses_to_start_over_checkpoints_that_all_fail(model: Any, tmp_
         data[1000] ^= 0xFF
         shard.write_bytes(bytes(data))
     with pytest.raises(UnusableCheckpointsError) as refused:
-        ckpt.resume(model.chunks, model.optimizer, model.scheduler)
+        ckpt.resume(model.state())
     assert refused.value.exit_code == 2
     message = str(refused.value)
     assert all(str(next(store.path(s).glob("*.distcp"))) in message for s in (1, 2))
     assert "checkpoint.allow_fresh_start=true" in message
     fresh = Checkpointer(store, events, async_save=False, allow_fresh_start=True, layout=LAYOUT)
-    assert fresh.resume(model.chunks, model.optimizer, model.scheduler) is None
+    assert fresh.resume(model.state()) is None
     assert store.committed_steps() == [1, 2]  # kept: they may still be recoverable
     assert [e["kind"] for e in read_events(events.path)][-1] == "fresh_start"
 
@@ -323,7 +323,7 @@ def test_a_planted_pickle_is_skipped_like_a_corrupt_checkpoint(
         entry["bytes"] = (directory / entry["path"]).stat().st_size
         entry["sha256"] = sha256_file(directory / entry["path"])
     (directory / MANIFEST).write_text(json.dumps(manifest))
-    loaded = ckpt.resume(model.chunks, model.optimizer, model.scheduler)
+    loaded = ckpt.resume(model.state())
     assert loaded is not None and loaded.step == 1
     assert not (tmp_path / "planted-pickle-ran").exists()
     skipped = [e for e in read_events(events.path) if e["kind"] == "checkpoint_skipped"]
@@ -333,7 +333,7 @@ def test_a_planted_pickle_is_skipped_like_a_corrupt_checkpoint(
 RANK_WITH_STUCK_WRITER = """
 import multiprocessing, os, sys, time
 from pathlib import Path
-from air_hpc.resilience import checkpointer, state
+from air_hpc.resilience import state, writer
 
 def stuck(request, stage_to_host=False, results=None):
     worker = multiprocessing.get_context("fork").Process(target=time.sleep, args=(3600,))
@@ -342,7 +342,7 @@ def stuck(request, stage_to_host=False, results=None):
     time.sleep(3600)
 
 state.run_request = stuck
-checkpointer._start_writer(state.DistCheckpoint(None), None, Path(sys.argv[2]), 0)
+writer.Writer.start(state.DistCheckpoint(None), None, Path(sys.argv[2]), 0)
 time.sleep(3600)
 """
 

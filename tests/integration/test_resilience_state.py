@@ -67,7 +67,7 @@ def worker_main(spec_json: str) -> None:
         store = CheckpointStore(run.checkpoints, job.checkpoint.keep_last, job.checkpoint.keep_every)
         ckpt = Checkpointer(store, EventLog(run.events), spec["async"], layout=ctx.layout, verify=job.checkpoint.verify)
         first = 1
-        loaded = ckpt.resume(model.chunks, model.optimizer, model.scheduler)
+        loaded = ckpt.resume(model.state())
         if loaded is not None:
             first = loaded.step + 1
             results["resumed"] = {"step": loaded.step, "layout_changed": loaded.layout_changed}
@@ -80,8 +80,8 @@ def worker_main(spec_json: str) -> None:
             if spec.get("die_in_save_at") == [spec["rank"], step]:
                 _die_after_writing_shards()
             if step in spec["save_at"]:
-                extra = {"consumed_samples": step * job.train.global_batch_size}
-                ckpt.save(step, model.chunks, model.optimizer, model.scheduler, extra, sync=not spec["async"])
+                training = model.state().at(consumed_samples=step * job.train.global_batch_size)
+                ckpt.save(step, training, sync=not spec["async"])
         ckpt.close()
         results["weights"] = {name: float(p.detach().double().sum()) for name, p in model.chunks[0].named_parameters()}
         results["tp_pp"] = [ctx.tp_rank, ctx.pp_rank, ctx.dp_rank]

@@ -16,6 +16,7 @@ from typing import Any
 from air_hpc.config.layout import ParallelLayout
 from air_hpc.errors import CheckpointError
 from air_hpc.resilience.state import Loaded
+from air_hpc.resilience.training_state import TrainingState
 
 
 @dataclass
@@ -60,16 +61,7 @@ class FakeFormat:
     results: "queue.Queue[Any]" = field(default_factory=queue.Queue)
     finalized: list[int] = field(default_factory=list)
 
-    def plan(
-        self,
-        directory: Path,
-        step: int,
-        model_chunks: Any,
-        optimizer: Any,
-        scheduler: Any,
-        extra: dict[str, Any],
-        validate: bool,
-    ) -> FakeRequest:
+    def plan(self, directory: Path, step: int, training: TrainingState, validate: bool) -> FakeRequest:
         return FakeRequest(directory, step)
 
     def stage(self, request: FakeRequest) -> FakeRequest:
@@ -101,7 +93,21 @@ class FakeFormat:
         if not (directory / "shard.bin").is_file():
             raise CheckpointError(f"{directory}: no shard.bin")
 
-    def load(self, directory: Path, model_chunks: Any, optimizer: Any, scheduler: Any, reseed: Any) -> Loaded:
+    def load(self, directory: Path, training: TrainingState, reseed: Any) -> Loaded:
         step = int((directory / "shard.bin").read_text())
         layout = ParallelLayout(tp=1, pp=1, dp=2)
         return Loaded(step=step, extra={}, saved_layout=layout, layout_changed=False, rng_restored=True)
+
+
+class UnreadOptimizer:
+    """The optimizer of :data:`NO_STATE`: :class:`FakeFormat` never reads the training state."""
+
+    def sharded_state_dict(self, model_sharded_state_dict: dict[str, Any], is_loading: bool) -> dict[str, Any]:
+        raise AssertionError("the fake format read the optimizer")
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        raise AssertionError("the fake format loaded the optimizer")
+
+
+#: What the unit tests save and resume: nothing (the fake format writes the step as its shard).
+NO_STATE = TrainingState((), UnreadOptimizer(), None)

@@ -16,7 +16,8 @@ from air_hpc.errors import CheckpointError, UnusableCheckpointsError
 from air_hpc.records.events import EventLog, read_events
 from air_hpc.resilience.checkpointer import Checkpointer
 from air_hpc.resilience.store import CheckpointStore
-from tests.unit.checkpoint_fakes import FakeCollectives, FakeFormat
+from air_hpc.resilience.writer import Writer
+from tests.unit.checkpoint_fakes import NO_STATE, FakeCollectives, FakeFormat
 
 LAYOUT = ParallelLayout(tp=1, pp=1, dp=2)
 
@@ -40,7 +41,13 @@ def checkpointer(store: CheckpointStore, fmt: FakeFormat, comm: FakeCollectives,
 
 
 def save(ckpt: Checkpointer, step: int, *, sync: bool = False, supersede: bool = False) -> None:
-    ckpt.save(step, [], None, None, {}, sync=sync, supersede=supersede, reason="test")
+    ckpt.save(step, NO_STATE, sync=sync, supersede=supersede, reason="test")
+
+
+def writer_of(ckpt: Checkpointer) -> Writer:
+    """The forked writer of the save in flight."""
+    assert ckpt._pending is not None and ckpt._pending.writer is not None
+    return ckpt._pending.writer
 
 
 def kinds(store: CheckpointStore, kind: str) -> list[dict[str, object]]:
@@ -67,7 +74,7 @@ def test_a_supersede_stops_the_unfinished_write_and_saves_the_new_step(store: Ch
     fmt = FakeFormat(gate=tmp_path / "gate")
     ckpt = checkpointer(store, fmt, FakeCollectives())
     save(ckpt, 1)
-    writer = ckpt._pending.process  # type: ignore[union-attr]
+    writer = writer_of(ckpt)
     fmt.gate = None  # the preemption's save writes at once (in this process)
     save(ckpt, 2, sync=True, supersede=True)
     assert not writer.is_alive() and writer.exitcode is not None
@@ -92,7 +99,7 @@ def test_a_save_waits_for_the_previous_one_then_abandons_it_past_async_wait_s(
     fmt = FakeFormat(gate=tmp_path / "gate")
     ckpt = checkpointer(store, fmt, FakeCollectives(), async_wait_s=0.2)
     save(ckpt, 1)
-    writer = ckpt._pending.process  # type: ignore[union-attr]
+    writer = writer_of(ckpt)
     fmt.gate = None
     save(ckpt, 2)  # waits for step 1's writer at most 0.2 s, then kills it
     assert not writer.is_alive()
@@ -133,7 +140,7 @@ def test_resume_skips_a_checkpoint_another_rank_found_corrupt(store: CheckpointS
     for step in (1, 2):
         save(ckpt, step, sync=True)
     comm = FakeCollectives(peer_problems=deque(["rank 1: shard.bin: sha256 mismatch"]))
-    loaded = checkpointer(store, FakeFormat(), comm).resume([], None, None)
+    loaded = checkpointer(store, FakeFormat(), comm).resume(NO_STATE)
     assert loaded is not None and loaded.step == 1
     assert [(e["step"], e["why"]) for e in kinds(store, "checkpoint_skipped")] == [
         (2, "rank 1: shard.bin: sha256 mismatch")
@@ -144,7 +151,7 @@ def test_resume_refuses_to_start_over_when_every_checkpoint_is_bad(store: Checkp
     save(checkpointer(store, FakeFormat(), FakeCollectives()), 1, sync=True)
     comm = FakeCollectives(peer_problems=deque(["rank 1: corrupt"]))
     with pytest.raises(UnusableCheckpointsError, match="all 1 checkpoint"):
-        checkpointer(store, FakeFormat(), comm).resume([], None, None)
+        checkpointer(store, FakeFormat(), comm).resume(NO_STATE)
 
 
 def test_an_error_stops_the_writer_without_a_collective_and_a_normal_exit_closes(
@@ -154,7 +161,7 @@ def test_an_error_stops_the_writer_without_a_collective_and_a_normal_exit_closes
     ckpt = checkpointer(store, FakeFormat(gate=tmp_path / "gate"), comm)
     with pytest.raises(RuntimeError, match="a step failed"), ckpt:
         save(ckpt, 1)
-        writer = ckpt._pending.process  # type: ignore[union-attr]
+        writer = writer_of(ckpt)
         collectives_before = list(comm.calls)
         raise RuntimeError("a step failed")
     assert not writer.is_alive() and not ckpt.busy
