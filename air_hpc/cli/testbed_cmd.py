@@ -54,6 +54,8 @@ def testbed() -> None:
 def up(state_dir: Path | None, leaves: str, preempt_grace_s: int, preempt_send_user_signal: bool) -> None:
     """Start the testbed (safe to run twice) and wait until every node is idle.
 
+    On a partly running testbed only the daemons that are down start again; running jobs are left alone.
+
     Two partitions share the nodes: `batch` (the default) and `urgent`, whose jobs preempt `batch` jobs.
     """
     settings = Settings(preempt_grace_s=preempt_grace_s, preempt_send_user_signal=preempt_send_user_signal)

@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 CLUSTER_NAME = "airtb"
 DEFAULT_LEAVES = (2, 4, 2)
+#: Node states of a node in service (sinfo's long names, without flags such as ``*``, not responding).
+IN_SERVICE = frozenset({"idle", "allocated", "mixed", "completing"})
 
 #: binary -> Debian package that provides it, for the "please install" message.
 REQUIRED_BINARIES = {
@@ -98,6 +100,11 @@ class Testbed:
     def up(
         self, leaves: Sequence[int] = DEFAULT_LEAVES, timeout_s: float = 90.0, settings: Settings | None = None
     ) -> dict[str, Any]:
+        """Start the testbed and wait until every node is idle; on one that runs, start only what is down.
+
+        A partly running testbed keeps its live daemons and its jobs: the dead daemons start again on
+        their recorded ports and ``up`` waits until every node is back in service. Nothing is cancelled.
+        """
         settings = settings or Settings()
         leaves = tuple(leaves)
         if not leaves or any(n < 1 for n in leaves):
@@ -106,21 +113,12 @@ class Testbed:
             raise TestbedError(f"testbed.preempt_grace_s: {settings.preempt_grace_s} must be >= 0 seconds")
         state = self._read_state()
         if state and self._all_alive(state):
-            if tuple(state["leaves"]) != leaves:
-                raise TestbedError(
-                    f"testbed in {self.layout.root} is already up with leaves "
-                    f"{','.join(map(str, state['leaves']))}; run `air-hpc testbed down` first"
-                )
-            if state.get("settings", asdict(Settings())) != asdict(settings):
-                raise TestbedError(
-                    f"testbed in {self.layout.root} is already up with settings {state.get('settings')}; "
-                    "run `air-hpc testbed down` first"
-                )
+            self._check_same_shape(state, leaves, settings)
             log.info("testbed already up in %s", self.layout.root)
             return self.status()
         if state:
-            log.warning("testbed in %s was partly running; restarting it", self.layout.root)
-            self.down()
+            self._check_same_shape(state, leaves, settings)
+            return self._restart_down(state, timeout_s)
         self._stop_node_processes()  # job steps a crashed testbed (or an older down) left behind
         missing = missing_packages()
         if missing:
@@ -143,6 +141,13 @@ class Testbed:
             return []
         daemons = [Daemon(**d) for d in state["daemons"]]
         self._cancel_jobs(daemons)
+        stopped = self._stop_daemons(daemons, timeout_s)
+        self._stop_node_processes(timeout_s)
+        self.layout.state_json.unlink(missing_ok=True)
+        return stopped
+
+    def _stop_daemons(self, daemons: Sequence[Daemon], timeout_s: float) -> list[Daemon]:
+        """TERM, then KILL, each daemon with its children, the last started first; returns those that ran."""
         stopped: list[Daemon] = []
         for daemon in reversed(daemons):
             proc = daemon.process()
@@ -158,8 +163,6 @@ class Testbed:
                     p.kill()
             psutil.wait_procs(alive, timeout=timeout_s / 2)
             stopped.append(daemon)
-        self._stop_node_processes(timeout_s)
-        self.layout.state_json.unlink(missing_ok=True)
         return stopped
 
     def node_processes(self) -> list[psutil.Process]:
@@ -236,21 +239,65 @@ class Testbed:
         }
         deadline = time.monotonic() + timeout_s
         try:
+            for name in _start_order(nodes):
+                self._launch(state, name, ports, deadline)
+            self._wait_nodes(state, deadline, in_service=False)
+        except BaseException:
+            # Stop what this start began, without cancelling anything: a job slurmctld recovered stays queued.
+            self._stop_daemons([Daemon(**d) for d in state["daemons"]], 30.0)
+            self._stop_node_processes()
+            self.layout.state_json.unlink(missing_ok=True)
+            raise
+
+    def _launch(self, state: dict[str, Any], name: str, ports: Ports, deadline: float) -> None:
+        """Start one daemon of the testbed on its port and wait until it listens (slurmd: registers later)."""
+        lay = self.layout
+        if name == "munged":
             self._start_munge(state)
+        elif name == "mariadbd":
             self._start_mariadb(state, ports, deadline)
+        elif name == "slurmdbd":
             self._start_daemon(state, "slurmdbd", ["slurmdbd", "-D"], env={"SLURM_CONF": str(lay.slurm_conf)})
             _wait_port(ports.slurmdbd, deadline, "slurmdbd", lay.log / "slurmdbd.log")
+        elif name == "slurmctld":
             self._start_daemon(state, "slurmctld", ["slurmctld", "-D", "-i", "-f", str(lay.slurm_conf)])
             _wait_port(ports.slurmctld, deadline, "slurmctld", lay.log / "slurmctld.log")
-            for name in nodes:
-                (lay.spool / name).mkdir(exist_ok=True)
-                # The private mount namespace gets a hosts file naming every node, so the node's
-                # own hostname and its peers (MASTER_ADDR inside jobs) resolve to loopback.
-                self._start_daemon(state, f"slurmd-{name}", self._slurmd_argv(name))
-            self._wait_nodes_idle(state, deadline)
-        except BaseException:
-            self.down()
-            raise
+        else:
+            node = name.removeprefix("slurmd-")
+            (lay.spool / node).mkdir(exist_ok=True)
+            # The private mount namespace gets a hosts file naming every node, so the node's
+            # own hostname and its peers (MASTER_ADDR inside jobs) resolve to loopback.
+            self._start_daemon(state, name, self._slurmd_argv(node))
+
+    def _restart_down(self, state: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Start again, on their recorded ports and configuration, only the daemons that are down.
+
+        The live ones and every job are left alone (slurmctld recovers its jobs from its state files,
+        a restarted slurmd finds its running steps); nothing is cancelled to come up.
+        """
+        down = [d["name"] for d in state["daemons"] if Daemon(**d).process() is None]
+        log.warning("testbed in %s is partly running; restarting %s", self.layout.root, ", ".join(down))
+        recorded = state["ports"]
+        ports = Ports(**{**recorded, "slurmd": tuple(recorded["slurmd"])})
+        deadline = time.monotonic() + timeout_s
+        if "munged" in down:
+            self.layout.munge_socket.unlink(missing_ok=True)  # the dead munged's socket would read as up
+        for name in [n for n in _start_order(state["nodes"]) if n in down]:
+            self._launch(state, name, ports, deadline)
+        self._wait_nodes(state, deadline, in_service=True)
+        return self.status()
+
+    def _check_same_shape(self, state: dict[str, Any], leaves: tuple[int, ...], settings: Settings) -> None:
+        if tuple(state["leaves"]) != leaves:
+            raise TestbedError(
+                f"testbed in {self.layout.root} is already up with leaves "
+                f"{','.join(map(str, state['leaves']))}; run `air-hpc testbed down` first"
+            )
+        if state.get("settings", asdict(Settings())) != asdict(settings):
+            raise TestbedError(
+                f"testbed in {self.layout.root} is already up with settings {state.get('settings')}; "
+                "run `air-hpc testbed down` first"
+            )
 
     def _slurmd_argv(self, name: str) -> list[str]:
         lay = self.layout
@@ -297,7 +344,6 @@ class Testbed:
         if not state:
             raise TestbedError(f"no testbed in {self.layout.root}")
         if self._node_daemon(name).process() is None:
-            state["daemons"] = [d for d in state["daemons"] if d["name"] != f"slurmd-{name}"]
             self._start_daemon(state, f"slurmd-{name}", self._slurmd_argv(name))
         deadline = time.monotonic() + timeout_s
         client = self.client(retries=0, timeout_s=5)
@@ -382,6 +428,7 @@ class Testbed:
     def _start_daemon(
         self, state: dict[str, Any], name: str, argv: list[str], env: dict[str, str] | None = None
     ) -> None:
+        """Start ``name`` and record it in the state file, in place of its earlier (dead) record."""
         log_path = self.layout.log / f"{name}.out"
         with log_path.open("ab") as out:
             proc = subprocess.Popen(
@@ -393,12 +440,16 @@ class Testbed:
                 env={**os.environ, **(env or {})},
             )
         daemon = Daemon(name=name, pid=proc.pid, create_time=psutil.Process(proc.pid).create_time())
-        state["daemons"].append(asdict(daemon))
+        order = _start_order(state["nodes"])
+        others = [d for d in state["daemons"] if d["name"] != name]
+        state["daemons"] = sorted([*others, asdict(daemon)], key=lambda d: order.index(d["name"]))
         self._write_state(state)
         log.info("started %s (pid %d)", name, proc.pid)
 
-    def _wait_nodes_idle(self, state: dict[str, Any], deadline: float) -> None:
+    def _wait_nodes(self, state: dict[str, Any], deadline: float, in_service: bool) -> None:
+        """Until every node is idle (a fresh start) or in service, running jobs included (a restart)."""
         client = self.client(retries=0, timeout_s=5)
+        wanted = IN_SERVICE if in_service else frozenset({"idle"})
         states: dict[str, str] = {}
         while time.monotonic() < deadline:
             dead = [d["name"] for d in state["daemons"] if Daemon(**d).process() is None]
@@ -408,11 +459,12 @@ class Testbed:
                 states = fetch_sinfo_states(client)
             except SlurmError:
                 states = {}
-            if states and all(states.get(n, "").startswith("idle") for n in state["nodes"]):
+            if states and all(states.get(n, "").rstrip("~#") in wanted for n in state["nodes"]):
                 return
             time.sleep(0.5)
         raise TestbedError(
-            f"nodes did not become idle in time: {states or 'no answer from slurmctld'}; see logs in {self.layout.log}"
+            f"nodes did not {'return to service' if in_service else 'become idle'} in time: "
+            f"{states or 'no answer from slurmctld'}; see logs in {self.layout.log}"
         )
 
     # ---- helpers ---------------------------------------------------------------
@@ -442,6 +494,11 @@ class Testbed:
         tmp = self.layout.state_json.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(self.layout.state_json)
+
+
+def _start_order(nodes: Sequence[str]) -> list[str]:
+    """The daemons in the order they start (each needs the ones before it); ``down`` stops them in reverse."""
+    return ["munged", "mariadbd", "slurmdbd", "slurmctld", *(f"slurmd-{n}" for n in nodes)]
 
 
 def namespace_members(key: Callable[[int], object], wanted: object) -> list[psutil.Process]:

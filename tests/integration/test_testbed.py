@@ -11,7 +11,9 @@ import psutil
 import pytest
 
 from air_hpc.slurm.client import ONCE
+from air_hpc.slurm.jobs import JobState
 from air_hpc.testbed import Testbed
+from tests.integration.waiting import wait_ended, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -108,34 +110,53 @@ def test_second_testbed_side_by_side_and_down_leaves_no_daemon(testbed, tmp_path
     assert other.status()["up"] is False
 
 
-def start_a_long_step(bed: Testbed, tmp_path: Path, name: str) -> None:
+def start_a_long_step(bed: Testbed, tmp_path: Path, name: str, until: Path | None = None) -> str:
+    """A two-node job whose step runs until ``until`` exists (else 600 s); returns its job id once the step runs."""
     marker = tmp_path / f"{name}-started"
-    bed.client().run(
-        ["sbatch", "-N2", "-o", str(tmp_path / name), "--wrap", f"srun bash -c 'touch {marker}; exec sleep 600'"],
-        retry=ONCE,
+    wait = f"until [ -e {until} ]; do sleep 0.2; done" if until else "exec sleep 600"
+    step = f"srun bash -c 'touch {marker}; {wait}'; touch {tmp_path / name}-ended"
+    job_id = (
+        bed.client()
+        .run(["sbatch", "--parsable", "-N2", "-o", str(tmp_path / name), "--wrap", step], retry=ONCE)
+        .stdout.strip()
     )
     deadline = time.monotonic() + 60
     while not marker.exists():
         assert time.monotonic() < deadline, "the job step never started"
         time.sleep(0.2)
     names = {p.name() for p in bed.node_processes()}
-    assert {"slurmd", "slurmstepd", "sleep"} <= names, names
+    assert {"slurmd", "slurmstepd", "sleep" if until is None else "bash"} <= names, names
+    return job_id
 
 
-def test_down_stops_job_steps_and_up_works_after_the_slurmds_died_mid_job(testbed, tmp_path: Path) -> None:
-    """slurmstepd leaves slurmd's process tree: a killed slurmd used to orphan it and make ``up`` hang."""
+def daemon_pids(bed: Testbed) -> dict[str, int]:
+    return {name: daemon["pid"] for name, daemon in bed.status()["daemons"].items()}
+
+
+def kill_daemons(bed: Testbed, names: set[str]) -> None:
+    procs = [psutil.Process(pid) for name, pid in daemon_pids(bed).items() if name in names]
+    for proc in procs:
+        proc.send_signal(signal.SIGKILL)
+    psutil.wait_procs(procs, timeout=10)
+
+
+def test_down_stops_job_steps_and_up_restarts_only_the_slurmds_that_died_mid_job(testbed, tmp_path: Path) -> None:
+    """slurmstepd leaves slurmd's process tree: a killed slurmd used to orphan it and make ``up`` hang. ``up`` starts
+    the dead slurmds again, and only them: the job they ran runs on (issue 27 item 9)."""
     other = Testbed(tmp_path / "busy")
     other.up((1, 1))
     try:
-        start_a_long_step(other, tmp_path, "first")
-        slurmds = [psutil.Process(d["pid"]) for n, d in other.status()["daemons"].items() if n.startswith("slurmd-")]
-        for slurmd in slurmds:
-            slurmd.send_signal(signal.SIGKILL)  # the job's slurmstepd processes are orphaned
-        psutil.wait_procs(slurmds, timeout=10)
-        started = time.monotonic()
-        status = other.up((1, 1), timeout_s=60)  # partly running: restarts, leaving no orphan behind
-        assert status["nodes"] == {"n1": "idle", "n2": "idle"}
-        assert time.monotonic() - started < 60
+        job_id = start_a_long_step(other, tmp_path, "first")
+        before = daemon_pids(other)
+        kill_daemons(other, {"slurmd-n1", "slurmd-n2"})  # the job's slurmstepd processes are orphaned
+        status = other.up((1, 1), timeout_s=60)  # partly running: the slurmds start again
+        after = daemon_pids(other)
+        assert {name for name in before if after[name] != before[name]} == {"slurmd-n1", "slurmd-n2"}
+        assert set(status["nodes"]) == {"n1", "n2"} and set(status["nodes"].values()) <= {"allocated", "mixed"}
+        job = other.client().job_status(job_id)
+        assert job is not None and job.state is JobState.RUNNING
+        other.client().scancel(job_id)
+        assert wait_ended(other.client(), job_id, 60).state is JobState.CANCELLED
         start_a_long_step(other, tmp_path, "second")
         other.down()
         assert other.node_processes() == []  # no slurmstepd, no task of this testbed is left
@@ -143,4 +164,35 @@ def test_down_stops_job_steps_and_up_works_after_the_slurmds_died_mid_job(testbe
     finally:
         other.down()
     assert other.node_processes() == []
+    assert testbed.testbed.status()["up"], "the session's testbed is untouched"
+
+
+def test_up_after_slurmctld_died_restarts_it_alone_and_cancels_no_job(testbed, tmp_path: Path) -> None:
+    """A job that finished while the controller was down ends COMPLETED, one still running runs on (issue 27
+    item 9: ``up`` restarted every daemon and cancelled every job of the user)."""
+    other = Testbed(tmp_path / "half")
+    other.up((2, 2))
+    try:
+        client = other.client()
+        finishing = start_a_long_step(other, tmp_path, "finishing", until=tmp_path / "finish")
+        running = start_a_long_step(other, tmp_path, "running", until=tmp_path / "release")
+        # A killed slurmctld forgets what it had not saved yet: kill it once its saved state has both jobs running.
+        both_running = time.time()
+        saved = other.layout.ctld_state / "job_state"
+        wait_for("slurmctld to save its jobs", lambda: saved.stat().st_mtime > both_running, 60, 0.2)
+        before = daemon_pids(other)
+        kill_daemons(other, {"slurmctld"})
+        (tmp_path / "finish").touch()  # its step ends with exit 0 while no controller listens
+        wait_for("the finishing job's step to end", (tmp_path / "finishing-ended").exists, 30, 0.2)
+        status = other.up((2, 2), timeout_s=60)
+        after = daemon_pids(other)
+        assert {name for name in before if after[name] != before[name]} == {"slurmctld"}
+        assert set(status["nodes"].values()) <= {"allocated", "idle", "completing", "mixed"}, status["nodes"]
+        assert wait_ended(client, finishing, 60).state is JobState.COMPLETED
+        job = client.job_status(running)
+        assert job is not None and job.state is JobState.RUNNING
+        (tmp_path / "release").touch()
+        assert wait_ended(client, running, 60).state is JobState.COMPLETED
+    finally:
+        other.down()
     assert testbed.testbed.status()["up"], "the session's testbed is untouched"
