@@ -19,7 +19,7 @@ from air_hpc.records.rundir import RunDir
 from air_hpc.slurm import hostlist
 from air_hpc.slurm.nodes import fetch_sinfo_states
 from air_hpc.train import data
-from tests.unit.test_cli import run_main
+from tests.conftest import RunMain
 
 pytestmark = pytest.mark.integration
 
@@ -46,14 +46,10 @@ def overrides_for(tmp_path: Path) -> list[str]:
 class Campaign:
     """One ``air-hpc chaos --json`` run; every check prints the campaign's whole answer when it fails."""
 
-    def __init__(
-        self, testbed: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], faults: str, count: int, seed: int
-    ) -> None:
+    def __init__(self, testbed: Any, tmp_path: Path, run_main: RunMain, faults: str, count: int, seed: int) -> None:
         args = ["chaos", str(REPO / "configs/jobs/gpt-tiny-testbed.yaml"), "--faults", faults, "--count", str(count)]
         args += ["--seed", str(seed), "--state-dir", str(testbed.state_dir), "--json", "--timeout-s", "400"]
-        self.code, out, self.err = run_main(
-            [*args, *(a for o in overrides_for(tmp_path) for a in ("--set", o))], capsys
-        )
+        self.code, out, self.err = run_main([*args, *(a for o in overrides_for(tmp_path) for a in ("--set", o))])
         self.result: dict[str, Any] = json.loads(out)
 
     def check(self, condition: bool) -> None:
@@ -72,8 +68,8 @@ class Campaign:
         )
 
 
-def test_a_preemption_and_a_hang_lose_nothing(testbed: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    campaign = Campaign(testbed, tmp_path, capsys, "preempt,hang", 2, seed=1)
+def test_a_preemption_and_a_hang_lose_nothing(testbed: Any, tmp_path: Path, run_main: RunMain) -> None:
+    campaign = Campaign(testbed, tmp_path, run_main, "preempt,hang", 2, seed=1)
     campaign.check_nothing_lost(["hang", "preempt"])
     result = campaign.result
     for fault in result["faults"]:
@@ -85,10 +81,10 @@ def test_a_preemption_and_a_hang_lose_nothing(testbed: Any, tmp_path: Path, caps
 
 
 def test_a_killed_rank_without_spares_resumes_from_its_checkpoint(
-    testbed: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    testbed: Any, tmp_path: Path, run_main: RunMain
 ) -> None:
     """SIGKILL, no warning, no save: the crashed step is requeued and resumes from the newest checkpoint."""
-    campaign = Campaign(testbed, tmp_path, capsys, "rank-kill", 1, seed=3)
+    campaign = Campaign(testbed, tmp_path, run_main, "rank-kill", 1, seed=3)
     campaign.check_nothing_lost(["rank-kill"])
     (fault,) = campaign.result["faults"]
     campaign.check(fault["resumed_from_step"] is not None)
@@ -97,12 +93,12 @@ def test_a_killed_rank_without_spares_resumes_from_its_checkpoint(
 
 
 def test_a_dead_node_without_spares_is_blamed_and_the_run_resumes_elsewhere(
-    testbed: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    testbed: Any, tmp_path: Path, run_main: RunMain
 ) -> None:
     """Power loss on a node (its slurmd and every process it started): the supervisor's probe finds the dead
     node, ends srun, the node goes on the bad-node list, and the job, requeued by its batch script long before
     slurmctld times the node out, resumes on other nodes; the node comes back."""
-    campaign = Campaign(testbed, tmp_path, capsys, "node-kill", 1, seed=3)
+    campaign = Campaign(testbed, tmp_path, run_main, "node-kill", 1, seed=3)
     campaign.check_nothing_lost(["node-kill"])
     run_dir = RunDir(Path(campaign.result["run_dir"]))
     (dead,) = read_bad_nodes(run_dir.bad_nodes)

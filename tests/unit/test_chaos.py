@@ -23,7 +23,8 @@ from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.fake import FakeJob, FakeSlurm
 from air_hpc.slurm.jobs import JobState
 from air_hpc.train import data
-from tests.unit.test_cli import TESTBED_JOB, run_main
+from tests.conftest import RunMain
+from tests.unit.test_cli import TESTBED_JOB
 
 # ---- schedule ----------------------------------------------------------------
 
@@ -303,12 +304,12 @@ def verdict_probe() -> None:
 
 
 def test_a_verdict_s_exit_code_leaves_main_in_every_entry_point(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    run_main: RunMain, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``ctx.exit(1)`` inside a command came back from click as a return value: ``python -m air_hpc`` and the tests'
     run_main exited 0 where the ``air-hpc`` script exited 1 (the chaos test passed ``code == 0`` on a lost run)."""
     monkeypatch.setitem(COMMANDS, "verdict-probe", f"{__name__}:verdict_probe")
-    code, _, _ = run_main(["verdict-probe"], capsys)
+    code, _, _ = run_main(["verdict-probe"])
     assert code == ExitCode.FAILURE
 
 
@@ -323,20 +324,20 @@ def test_a_verdict_s_exit_code_leaves_main_in_every_entry_point(
     ],
 )
 def test_chaos_bad_input_is_one_line_and_exit_2(
-    args: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    args: list[str], message: str, run_main: RunMain, tmp_path: Path
 ) -> None:
-    code, out, err = run_main(["chaos", TESTBED_JOB, *args, "--state-dir", str(tmp_path / "tb")], capsys)
+    code, out, err = run_main(["chaos", TESTBED_JOB, *args, "--state-dir", str(tmp_path / "tb")])
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and out == ""
     assert not (tmp_path / "tb").exists()  # refused before the testbed starts
 
 
-def test_chaos_refuses_a_job_for_another_cluster(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_chaos_refuses_a_job_for_another_cluster(run_main: RunMain, tmp_path: Path) -> None:
     (tmp_path / "clusters").mkdir()
     (tmp_path / "clusters" / "prod.yaml").write_text("partition: batch\n")
     (tmp_path / "jobs").mkdir()
     job = tmp_path / "jobs" / "job.yaml"
     job.write_text(Path(TESTBED_JOB).read_text().replace("cluster: testbed", "cluster: prod"))
-    code, _, err = run_main(["chaos", str(job), "--faults", "preempt", "--count", "1"], capsys)
+    code, _, err = run_main(["chaos", str(job), "--faults", "preempt", "--count", "1"])
     assert code == 2 and "air-hpc chaos runs only on the local testbed" in err and len(err.strip().splitlines()) == 1
 
 

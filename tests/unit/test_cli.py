@@ -6,48 +6,38 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from air_hpc.cli.main import main
+from tests.conftest import RunMain
 
 REPO = Path(__file__).resolve().parents[2]
 TESTBED_JOB = str(REPO / "configs" / "jobs" / "gpt-tiny-testbed.yaml")
 
 
-def run_main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(args)
-        raise SystemExit(0)
-    out, err = capsys.readouterr()
-    return int(info.value.code or 0), out, err
-
-
-def test_config_show_json_with_override(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_main(["config", "show", TESTBED_JOB, "--set", "train.steps=7", "--json"], capsys)
+def test_config_show_json_with_override(run_main: RunMain) -> None:
+    code, out, _ = run_main(["config", "show", TESTBED_JOB, "--set", "train.steps=7", "--json"])
     assert code == 0
     data = json.loads(out)
     assert data["train"]["steps"] == 7
     assert data["derived"]["layout"] == {"tp": 2, "pp": 2, "dp": 1, "vpp": None}
 
 
-def test_misspelt_key_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_misspelt_key_exits_2_with_one_line(tmp_path: Path, run_main: RunMain) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(Path(TESTBED_JOB).read_text().replace("  steps:", "  stpes:"))
-    code, out, err = run_main(["config", "show", str(bad)], capsys)
+    code, out, err = run_main(["config", "show", str(bad)])
     assert code == 2
     assert out == ""
     assert err.count("\n") == 1
     assert "train.stpes" in err and "did you mean 'train.steps'" in err
 
 
-def test_unknown_command_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run_main(["confg"], capsys)
+def test_unknown_command_exits_2(run_main: RunMain) -> None:
+    code, _, err = run_main(["confg"])
     assert code == 2
     assert "No such command" in err
 
 
-def test_version(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_main(["--version"], capsys)
+def test_version(run_main: RunMain) -> None:
+    code, out, _ = run_main(["--version"])
     assert code == 0 and "air-hpc" in out
 
 

@@ -5,21 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from air_hpc.cli.main import cli, main
+from air_hpc.cli.main import cli
 from air_hpc.ops.runs import RUNS_ROOT_ENV, resolve_run
 from air_hpc.ops.states import snapshot
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import record_submission
 from air_hpc.slurm.fake import FakeSlurm
+from tests.conftest import RunMain
 from tests.unit.test_observe_report import REPO, preempted_run
-
-
-def run_main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(args)
-        raise SystemExit(0)
-    out, err = capsys.readouterr()
-    return int(info.value.code or 0), out, err
 
 
 def invoke(args: list[str], fake: FakeSlurm, capsys: pytest.CaptureFixture[str]) -> str:
@@ -56,10 +49,10 @@ def test_an_unknown_run_suggests_the_closest_name(
     slurm_run: tuple[RunDir, FakeSlurm, str],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    run_main: RunMain,
 ) -> None:
     monkeypatch.setenv(RUNS_ROOT_ENV, str(tmp_path / "runs"))
-    code, _, err = run_main(["status", "gpt-tiny-lcoal"], capsys)
+    code, _, err = run_main(["status", "gpt-tiny-lcoal"])
     assert code == 2 and err.count("\n") == 1
     assert "no such run" in err and "did you mean 'gpt-tiny-local'?" in err
 
@@ -117,8 +110,8 @@ def test_runs_lists_every_run_under_the_root(
     assert row.split()[-1] == job_id
 
 
-def test_runs_on_an_empty_root(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_main(["runs", "--root", str(tmp_path)], capsys)
+def test_runs_on_an_empty_root(tmp_path: Path, run_main: RunMain) -> None:
+    code, out, _ = run_main(["runs", "--root", str(tmp_path)])
     assert code == 0 and out == f"no runs under {tmp_path}\n"
 
 
@@ -130,12 +123,10 @@ def write_logs(run_dir: RunDir, job_id: str) -> None:
     (run_dir.logs / f"slurm-{job_id}.err").write_text("air-hpc: job started\n1: a warning\n")
 
 
-def test_logs_of_one_rank_name_their_files(
-    slurm_run: tuple[RunDir, FakeSlurm, str], capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_logs_of_one_rank_name_their_files(slurm_run: tuple[RunDir, FakeSlurm, str], run_main: RunMain) -> None:
     run_dir, _, job_id = slurm_run
     write_logs(run_dir, job_id)
-    code, out, _ = run_main(["logs", str(run_dir.path), "--rank", "1"], capsys)
+    code, out, _ = run_main(["logs", str(run_dir.path), "--rank", "1"])
     assert code == 0
     assert out.splitlines() == [
         "==> logs/rank-1.log <==",
@@ -146,14 +137,14 @@ def test_logs_of_one_rank_name_their_files(
         f"==> logs/slurm-{job_id}.err <==",
         "1: a warning",
     ]
-    code, out, _ = run_main(["logs", str(run_dir.path), "--rank", "1", "--grep", "step"], capsys)
+    code, out, _ = run_main(["logs", str(run_dir.path), "--rank", "1", "--grep", "step"])
     assert out.splitlines() == [
         "==> logs/rank-1.log <==",
         "t rank=1 INFO air_hpc.train.trainer: step 1/20 lr 0.001",
         f"==> logs/slurm-{job_id}.out <==",
         "1: step done",
     ]
-    code, out, _ = run_main(["logs", str(run_dir.path), "--grep", "^air-hpc", "--json"], capsys)
+    code, out, _ = run_main(["logs", str(run_dir.path), "--grep", "^air-hpc", "--json"])
     assert json.loads(out)["lines"] == [{"file": f"logs/slurm-{job_id}.err", "line": "air-hpc: job started"}]
 
 
@@ -165,16 +156,16 @@ def test_logs_of_one_rank_name_their_files(
     ],
 )
 def test_logs_bad_input_exits_2(
-    slurm_run: tuple[RunDir, FakeSlurm, str], capsys: pytest.CaptureFixture[str], args: list[str], message: str
+    slurm_run: tuple[RunDir, FakeSlurm, str], run_main: RunMain, args: list[str], message: str
 ) -> None:
     run_dir, _, job_id = slurm_run
     write_logs(run_dir, job_id)
-    code, out, err = run_main(["logs", str(run_dir.path), *args], capsys)
+    code, out, err = run_main(["logs", str(run_dir.path), *args])
     assert code == 2 and out == "" and err.count("\n") == 1 and message in err
 
 
-def test_usage_errors_are_json_too_when_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_main(["runs", "--root", str(tmp_path), "--json", "--bogus"], capsys)
+def test_usage_errors_are_json_too_when_asked(tmp_path: Path, run_main: RunMain) -> None:
+    code, out, err = run_main(["runs", "--root", str(tmp_path), "--json", "--bogus"])
     assert code == 2 and err == ""
     assert json.loads(out) == {"error": "error: No such option '--bogus'.", "exit_code": 2}
 

@@ -4,20 +4,12 @@ from pathlib import Path
 
 import pytest
 
-from air_hpc.cli.main import main
 from air_hpc.config import load_job
 from air_hpc.errors import ConfigError
+from tests.conftest import RunMain
 
 REPO = Path(__file__).resolve().parents[2]
 TESTBED_JOB = str(REPO / "configs" / "jobs" / "gpt-tiny-testbed.yaml")
-
-
-def run_main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(args)
-        raise SystemExit(0)
-    out, err = capsys.readouterr()
-    return int(info.value.code or 0), out, err
 
 
 @pytest.mark.parametrize("name", ["../../x", "/etc", "a/b", "..", ".", "a\nb", "a\rb", "a\0b", "-x", "--help"])
@@ -27,8 +19,8 @@ def test_run_name_that_is_not_one_path_component_is_refused(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["../../x", "/etc", "-rf"])
-def test_cli_refuses_a_path_as_run_name_with_one_line(name: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_main(["render", TESTBED_JOB, "--set", f"run.name={name}"], capsys)
+def test_cli_refuses_a_path_as_run_name_with_one_line(name: str, run_main: RunMain) -> None:
+    code, out, err = run_main(["render", TESTBED_JOB, "--set", f"run.name={name}"])
     assert (code, out, err.count("\n")) == (2, "", 1)
     assert "run.name" in err and "--chdir" not in err
 
@@ -71,9 +63,9 @@ def test_non_string_fields_still_parse_as_yaml_scalars() -> None:
     assert (job.train.steps, job.train.lr, job.health.watchdog) == (16, 0.5, False)
 
 
-def test_newline_in_env_value_is_kept_by_config_but_refused_by_render(capsys: pytest.CaptureFixture[str]) -> None:
+def test_newline_in_env_value_is_kept_by_config_but_refused_by_render(run_main: RunMain) -> None:
     assert load_job(TESTBED_JOB, ["env.FOO=a\nb"]).env["FOO"] == "a\nb", "not folded into 'a b' by YAML"
-    code, out, err = run_main(["render", TESTBED_JOB, "--set", "env.FOO=a\nb"], capsys)
+    code, out, err = run_main(["render", TESTBED_JOB, "--set", "env.FOO=a\nb"])
     assert (code, out, err.count("\n")) == (2, "", 1)
     assert "env.FOO" in err and "line break" in err
 
@@ -87,7 +79,7 @@ def test_newline_in_env_value_is_kept_by_config_but_refused_by_render(capsys: py
         "env.FOO=a\rb",
     ],
 )
-def test_newline_in_any_value_that_reaches_the_script_exits_2(item: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_main(["render", TESTBED_JOB, "--set", item], capsys)
+def test_newline_in_any_value_that_reaches_the_script_exits_2(item: str, run_main: RunMain) -> None:
+    code, out, err = run_main(["render", TESTBED_JOB, "--set", item])
     assert (code, out, err.count("\n")) == (2, "", 1), err
     assert item.split("=", 1)[0] in err

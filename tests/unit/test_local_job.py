@@ -13,7 +13,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from air_hpc.cli.main import main
 from air_hpc.ops.control import cancel_run, run_status
 from air_hpc.ownership.local_job import ProcessIdentity, ignores
 from air_hpc.records.rundir import RunDir
@@ -21,6 +20,7 @@ from air_hpc.records.submissions import record_exit, record_submission
 from air_hpc.resilience.store import CheckpointStore
 from air_hpc.slurm.fake import FakeSlurm
 from air_hpc.slurm.jobs import JobState
+from tests.conftest import RunMain
 from tests.unit.test_observe_report import preempted_run
 from tests.unit.test_resilience_store import save
 
@@ -33,14 +33,6 @@ class Plant:
 
     def __reduce__(self) -> tuple[object, tuple[str, ...]]:
         return (os.system, (f"touch {self.marker}",))
-
-
-def run_main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(args)
-        raise SystemExit(0)
-    out, err = capsys.readouterr()
-    return int(info.value.code or 0), out, err
 
 
 def ended_pid() -> ProcessIdentity:
@@ -66,9 +58,7 @@ def local_run(tmp_path: Path, pid: int, started_s: float | None) -> RunDir:
     return run_dir
 
 
-def test_no_cli_command_unpickles_what_a_run_directory_holds(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_no_cli_command_unpickles_what_a_run_directory_holds(tmp_path: Path, run_main: RunMain) -> None:
     identity = ended_pid()
     run_dir = local_run(tmp_path, identity.pid, identity.started_s)
     record_exit(run_dir, str(identity.pid), 0, 0)
@@ -97,7 +87,7 @@ def test_no_cli_command_unpickles_what_a_run_directory_holds(
         ["cancel", run],
     ]
     for args in commands:
-        run_main(args, capsys)
+        run_main(args)
         assert not marker.exists(), f"`air-hpc {' '.join(args)}` unpickled a planted pickle"
 
 
@@ -137,24 +127,24 @@ def test_malformed_records_are_data_not_crashes(tmp_path: Path) -> None:
 
 
 def test_a_reused_pid_is_neither_running_nor_signalled(
-    tmp_path: Path, unrelated: psutil.Process, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, unrelated: psutil.Process, run_main: RunMain
 ) -> None:
     run_dir = local_run(tmp_path, unrelated.pid, unrelated.create_time() - 100.0)
     assert run_status(run_dir, FakeSlurm()).job.state is JobState.FAILED
-    code, out, _ = run_main(["cancel", str(run_dir.path)], capsys)
+    code, out, _ = run_main(["cancel", str(run_dir.path)])
     time.sleep(0.3)
     assert unrelated.is_running() and unrelated.status() != psutil.STATUS_ZOMBIE, "an unrelated process was signalled"
     assert code == 0 and "already ended" in out
 
 
 def test_a_pid_without_start_time_is_never_signalled(
-    tmp_path: Path, unrelated: psutil.Process, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, unrelated: psutil.Process, run_main: RunMain
 ) -> None:
     run_dir = preempted_run(tmp_path / "runs")
     with run_dir.submissions.open("a") as out:
         out.write(json.dumps({"event": "submitted", "job_id": str(unrelated.pid), "executor": "local"}) + "\n")
     assert run_status(run_dir, FakeSlurm()).job.state is JobState.UNKNOWN
-    code, _, err = run_main(["cancel", str(run_dir.path)], capsys)
+    code, _, err = run_main(["cancel", str(run_dir.path)])
     time.sleep(0.3)
     assert unrelated.is_running() and unrelated.status() != psutil.STATUS_ZOMBIE
     assert code == 2 and err.count("\n") == 1 and "cannot be proven" in err

@@ -19,7 +19,7 @@ from air_hpc.render import NodeRequest, build_spec, render_script
 from air_hpc.render.directives import Directive, slurm_directives
 from air_hpc.slurm.cluster import parse_minutes
 from air_hpc.slurm.fake import FakeSlurm
-from tests.unit.test_cli import run_main
+from tests.conftest import RunMain
 from tests.unit.test_render import FIXED, PYTHON, TESTBED_JOB, VARIANTS
 
 LOCAL_JOB = TESTBED_JOB.parent / "gpt-tiny-local.yaml"
@@ -145,10 +145,10 @@ def test_a_container_under_submitit_or_local_is_refused_naming_the_key(executor:
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
 def test_cli_refuses_spares_under_submitit_in_one_line_exit_2(
-    dry_run: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    dry_run: list[str], tmp_path: Path, run_main: RunMain
 ) -> None:
     args = ["submit", str(TESTBED_JOB), "--executor", "submitit", "--set", "resources.spare_nodes=1"]
-    code, out, err = run_main([*args, "--set", f"run.root={tmp_path}", *dry_run], capsys)
+    code, out, err = run_main([*args, "--set", f"run.root={tmp_path}", *dry_run])
     assert (code, out) == (2, "")
     assert err.startswith("error: resources.spare_nodes: the submitit executor cannot keep hot spares")
     assert err.count("\n") == 1 and not (tmp_path / "gpt-tiny-testbed").exists()

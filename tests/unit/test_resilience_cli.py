@@ -5,17 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from air_hpc.cli.main import main
 from air_hpc.resilience.store import CheckpointStore
+from tests.conftest import RunMain
 from tests.unit.test_resilience_store import flip_byte, save
-
-
-def run_main(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(args)
-        raise SystemExit(0)
-    out, err = capsys.readouterr()
-    return int(info.value.code or 0), out, err
 
 
 @pytest.fixture
@@ -28,8 +20,8 @@ def run(tmp_path: Path) -> Path:
     return tmp_path / "run"
 
 
-def test_list_json(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_main(["ckpt", "list", str(run), "--json"], capsys)
+def test_list_json(run: Path, run_main: RunMain) -> None:
+    code, out, _ = run_main(["ckpt", "list", str(run), "--json"])
     assert code == 0
     data = json.loads(out)
     assert data["latest"] == 30
@@ -38,9 +30,9 @@ def test_list_json(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert data["checkpoints"][0]["bytes"] > 3000
 
 
-def test_list_table_shows_latest_and_corruption(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_list_table_shows_latest_and_corruption(run: Path, run_main: RunMain) -> None:
     flip_byte(run / "checkpoints" / "step_0000020" / "__0_0.distcp")
-    code, out, _ = run_main(["ckpt", "list", str(run), "--sha256"], capsys)
+    code, out, _ = run_main(["ckpt", "list", str(run), "--sha256"])
     assert code == 0
     lines = out.splitlines()
     assert lines[0].split() == ["step", "size", "complete", "checked", "note"]
@@ -49,27 +41,27 @@ def test_list_table_shows_latest_and_corruption(run: Path, capsys: pytest.Captur
     assert lines[5] == "checked: sha256 of every file matches the manifest (contents read in full)"
 
 
-def test_list_says_a_size_check_reads_no_contents(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_list_says_a_size_check_reads_no_contents(run: Path, run_main: RunMain) -> None:
     flip_byte(run / "checkpoints" / "step_0000020" / "__0_0.distcp")
-    code, out, _ = run_main(["ckpt", "list", str(run)], capsys)
+    code, out, _ = run_main(["ckpt", "list", str(run)])
     assert code == 0
     lines = out.splitlines()
     assert "sizes ok" in lines[2] and "sha256" not in lines[2]
     assert lines[-1].startswith("checked: file sizes match the manifest (contents not read")
 
 
-def test_verify_ok_and_corrupt(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_main(["ckpt", "verify", str(run), "30"], capsys)
+def test_verify_ok_and_corrupt(run: Path, run_main: RunMain) -> None:
+    code, out, _ = run_main(["ckpt", "verify", str(run), "30"])
     assert code == 0 and "step 30: ok (3 files" in out
     flip_byte(run / "checkpoints" / "step_0000020" / "common.pt", offset=3)
-    code, out, err = run_main(["ckpt", "verify", str(run)], capsys)
+    code, out, err = run_main(["ckpt", "verify", str(run)])
     assert code == 1
     assert "step 10: ok" in out and "step 20: CORRUPT" in out
     assert err.count("\n") == 1 and "step_0000020/common.pt: sha256" in err
 
 
-def test_prune(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_main(["ckpt", "prune", str(run), "--keep", "1", "--every", "20", "--partial"], capsys)
+def test_prune(run: Path, run_main: RunMain) -> None:
+    code, out, _ = run_main(["ckpt", "prune", str(run), "--keep", "1", "--every", "20", "--partial"])
     assert code == 0 and "removed 1 checkpoint(s): 10" in out and "unfinished .tmp-step_0000040" in out
     assert CheckpointStore(run / "checkpoints", keep_last=1).committed_steps() == [20, 30]
 
@@ -84,18 +76,18 @@ def test_prune(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
         (["ckpt", "prune", "{run}"], "Missing option '--keep'"),
     ],
 )
-def test_bad_input(run: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
-    code, _, err = run_main([a.format(run=run) for a in args], capsys)
+def test_bad_input(run: Path, run_main: RunMain, args: list[str], message: str) -> None:
+    code, _, err = run_main([a.format(run=run) for a in args])
     assert code == 2 and message in err and "CORRUPT" not in err
 
 
-def test_verify_json_and_json_errors(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_main(["ckpt", "verify", str(run), "30", "--json"], capsys)
+def test_verify_json_and_json_errors(run: Path, run_main: RunMain) -> None:
+    code, out, _ = run_main(["ckpt", "verify", str(run), "30", "--json"])
     assert code == 0
     assert json.loads(out)["checkpoints"] == [
         {"step": 30, "ok": True, "files": 3, "bytes": json.loads(out)["checkpoints"][0]["bytes"]}
     ]
-    code, out, err = run_main(["ckpt", "verify", str(run), "99", "--json"], capsys)
+    code, out, err = run_main(["ckpt", "verify", str(run), "99", "--json"])
     assert code == 2 and err == ""
     assert json.loads(out) == {
         "error": f"error: {run / 'checkpoints'}: no such checkpoint: step 99; committed steps: 10, 20, 30",
@@ -104,7 +96,7 @@ def test_verify_json_and_json_errors(run: Path, capsys: pytest.CaptureFixture[st
     assert out.startswith('{\n  "error"')
 
 
-def test_verify_empty_run_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_verify_empty_run_fails(tmp_path: Path, run_main: RunMain) -> None:
     (tmp_path / "empty" / "checkpoints").mkdir(parents=True)
-    code, _, err = run_main(["ckpt", "verify", str(tmp_path / "empty")], capsys)
+    code, _, err = run_main(["ckpt", "verify", str(tmp_path / "empty")])
     assert code == 1 and "no committed checkpoints" in err
