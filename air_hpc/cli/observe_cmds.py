@@ -18,12 +18,13 @@ def _records(run: str) -> tuple["RunDir", "RunRecords", "RunReport"]:
     from air_hpc.observe.records import load_records
     from air_hpc.observe.report import build_report
     from air_hpc.ops.runs import resolve_run
+    from air_hpc.records import names
 
     run_dir = resolve_run(run)
     records = load_records(run_dir)
     report = build_report(records)
     if report is None:
-        raise UserError(f"{run}: the run has not started yet (no steps in metrics.jsonl, no start recorded)")
+        raise UserError(f"{run}: the run has not started yet (no steps in {names.METRICS}, no start recorded)")
     return run_dir, records, report
 
 

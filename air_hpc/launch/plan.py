@@ -18,6 +18,7 @@ import hostlist
 from air_hpc.config.models import JobConfig
 from air_hpc.errors import ConfigError, SlurmError, SlurmUnreachableError
 from air_hpc.health.badnodes import read_bad_nodes
+from air_hpc.records import names
 from air_hpc.records.rundir import RunDir
 from air_hpc.render import SbatchSpec, build_spec, render_script
 from air_hpc.slurm.client import SlurmClient
@@ -97,7 +98,7 @@ def _test_only(
 ) -> TestOnlyResult | None:
     """``sbatch --test-only`` the script; a refusal that is only a wait for drained nodes becomes a note."""
     with tempfile.TemporaryDirectory(prefix="air-hpc-") as tmp:
-        path = Path(tmp) / "job.sbatch"
+        path = Path(tmp) / names.SBATCH
         path.write_text(script)
         try:
             return client.sbatch_test_only(path)

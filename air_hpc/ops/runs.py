@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from air_hpc.errors import UserError
+from air_hpc.records.names import CHECKPOINTS, JOB_JSON, SUBMISSIONS
 from air_hpc.records.rundir import RunDir
 
 #: Where run names are looked up (``air-hpc status NAME``); default ``./runs``.
@@ -49,8 +50,8 @@ def resolve_run(target: str, root: Path | str | None = None) -> RunDir:
         if is_run_dir(path):
             return RunDir(path.resolve())
         raise UserError(
-            f"{target}: not a run directory (no job.json, submissions.jsonl or checkpoints/); give a run directory, "
-            "a run name or a job file"
+            f"{target}: not a run directory (no {JOB_JSON}, {SUBMISSIONS} or {CHECKPOINTS}/); "
+            "give a run directory, a run name or a job file"
         )
     base = runs_root(root)
     if path.name == target and is_run_dir(base / target):

@@ -2,12 +2,14 @@
 
 Bash values are single-quoted unless they are plain words. ``#SBATCH`` lines are comments to
 bash and are parsed by sbatch itself (``_get_argument`` in ``src/sbatch/opt.c``):
-whitespace ends an argument unless inside double quotes, a backslash takes the
-next character literally, an unescaped ``#`` starts a comment, and nothing can
+whitespace ends an argument unless quoted, where a single quote and a double quote
+each open a quoted stretch that only the same quote closes (so a bare ``'`` in a
+value is not literal either); a backslash takes the next character literally, in
+quotes too; an unescaped ``#`` outside quotes starts a comment; and nothing can
 continue past the end of the line. So a directive value is wrapped in double
-quotes with ``\\``, ``"`` and ``#`` escaped, and values sbatch cannot carry at all
-(newlines, other control characters, over-long values) are rejected naming the
-config key they came from.
+quotes with ``\\``, ``"`` and ``#`` escaped (a ``'`` inside them is literal), and
+values sbatch cannot carry at all (newlines, other control characters, over-long
+values) are rejected naming the config key they came from.
 """
 
 import re

@@ -19,7 +19,7 @@ from typing import Any
 
 from air_hpc.digits import ascii_int
 from air_hpc.errors import ConfigError
-from air_hpc.records.names import ARMED_FILE_PREFIX, STOP_REQUESTED_FILE
+from air_hpc.records.names import ARMED_FILE_PREFIX, STOP_REQUESTED_FILE, SUBMISSIONS
 from air_hpc.slurm.env import JOB_END_TIME, JOB_START_TIME, SlurmEnv, epoch_seconds
 from air_hpc.train import collectives
 
@@ -199,7 +199,7 @@ class Deadline:
 
         start = started_time(submissions, slurm.job_id) if submissions else None
         if start is not None:
-            return cls(start + limit_s - margin_s, "submissions.jsonl")
+            return cls(start + limit_s - margin_s, SUBMISSIONS)
         now = time.time() if now_s is None else now_s
         log.warning(
             "job start time unknown (none of %s set): the deadline counts from this process's start",

@@ -1,4 +1,7 @@
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,16 +71,35 @@ def test_checkpoint_dir_writable_and_free(tmp_path: Path) -> None:
     assert not full.ok and "health.min_free_disk_gb is 1e+12" in full.detail
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+#: Root writes into read-only directories through these capabilities; without them it meets the permission
+#: bits like any user (CI runs as root, so the check must be tested there too).
+ROOT_OVERRIDES = "-dac_override,-dac_read_search,-fowner"
+CHECK_IN_CHILD = (
+    "import json, sys; from pathlib import Path; from air_hpc.health.preflight import check_checkpoint_dir; "
+    "r = check_checkpoint_dir(Path(sys.argv[1]), 0); print(json.dumps([r.ok, r.detail]))"
+)
+
+
+def checkpoint_dir_check_as_a_plain_user(directory: Path) -> tuple[bool, str]:
+    """``check_checkpoint_dir`` in a child that cannot override file permissions, even when we are root."""
+    argv = [sys.executable, "-c", CHECK_IN_CHILD, str(directory)]
+    if os.geteuid() == 0:
+        argv = ["setpriv", "--inh-caps=-all", f"--bounding-set={ROOT_OVERRIDES}", "--", *argv]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=REPO)
+    ok, detail = json.loads(done.stdout)
+    return ok, detail
+
+
 def test_read_only_checkpoint_dir_fails(tmp_path: Path) -> None:
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(0o500)
     try:
-        result = check_checkpoint_dir(locked / "ckpt", 0)
+        ok, detail = checkpoint_dir_check_as_a_plain_user(locked / "ckpt")
     finally:
         locked.chmod(0o700)
-    assert not result.ok and "is not writable: Permission denied" in result.detail
+    assert (ok, detail) == (False, f"{locked / 'ckpt'} is not writable: Permission denied")
+    assert checkpoint_dir_check_as_a_plain_user(tmp_path / "open")[0], "the same child writes where it may"
 
 
 def test_data_must_be_readable(tmp_path: Path, corpus: Path) -> None:
