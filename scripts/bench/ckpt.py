@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,27 +73,12 @@ def dd_write_s(directory: Path, nbytes: int) -> float:
     return elapsed * nbytes / (count * block)
 
 
-def worker(args: argparse.Namespace) -> None:
-    import contextlib
-
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
+def bench_job(args: argparse.Namespace, workdir: Path) -> Any:
+    """The job the ranks train: gpt-tiny-local resized by the command line, TP over all ranks."""
     from air_hpc.config import load_job
-    from air_hpc.records.events import EventLog, read_events
-    from air_hpc.resilience.checkpointer import Checkpointer
-    from air_hpc.resilience.signals import agree
-    from air_hpc.resilience.store import CheckpointStore
-    from air_hpc.train import megatron_compat, parallel
-    from air_hpc.train import model as model_mod
-    from air_hpc.train.data import ByteTokenizer, TokenSamples, prepare
-    from air_hpc.train.loop import StepRunner
 
-    workdir = Path(args.dir)
-    corpus = workdir / "corpus.h5"
     overrides = (
-        f"data.path={corpus}",
+        f"data.path={workdir / 'corpus.h5'}",
         f"run.root={workdir}",
         "run.name=bench",
         f"resources.tasks_per_node={args.ranks}",
@@ -106,127 +92,202 @@ def worker(args: argparse.Namespace) -> None:
         "train.global_batch_size=4",
         "train.micro_batch_size=2",
     )
-    job = load_job(str(JOB), overrides)
-    if args.rank == 0 and not corpus.exists():
-        prepare([REPO / "README.md", REPO / "configs" / "jobs" / "gpt-tiny-local.yaml"], corpus, ByteTokenizer())
+    return load_job(str(JOB), overrides)
+
+
+@dataclass
+class Rig:
+    """One rank's model, step runner and checkpoint store, with the step count that every timing shares."""
+
+    job: Any
+    ctx: Any
+    model: Any
+    runner: Any
+    store: Any
+    events: Any
+    step: int = 0
+
+    def train(self, n: int, ckpt: Any = None) -> float:
+        """Seconds for ``n`` steps (polling ``ckpt`` after each), all ranks done."""
+        import torch.distributed as dist
+
+        started = time.perf_counter()
+        for _ in range(n):
+            self.one_step()
+            if ckpt is not None:
+                ckpt.poll()
+        dist.barrier()
+        return time.perf_counter() - started
+
+    def one_step(self) -> None:
+        self.step += 1
+        self.runner.step(self.step * self.job.train.global_batch_size)
+
+    def checkpointer(self, **kwargs: Any) -> Any:
+        from air_hpc.resilience.checkpointer import Checkpointer
+
+        return Checkpointer(self.store, kwargs.pop("events", self.events), layout=self.ctx.layout, **kwargs)
+
+    def save(self, ckpt: Any, sync: bool) -> None:
+        ckpt.save(self.step, self.model.state(), sync=sync)
+
+    def resume(self, loader: Any) -> None:
+        loader.resume(self.model.state())
+
+    def committed_files(self) -> list[Path]:
+        latest = self.store.latest_complete(check="size")
+        if latest is None:
+            raise SystemExit("bench: no committed checkpoint")
+        return [p for p in self.store.path(latest).rglob("*") if p.is_file()]
+
+
+@dataclass
+class Timings:
+    """Seconds per repeat, each baseline beside ours."""
+
+    dd: list[float] = field(default_factory=list)
+    sync: list[float] = field(default_factory=list)
+    async_blocked: list[float] = field(default_factory=list)
+    async_stall: list[float] = field(default_factory=list)
+    cold: list[float] = field(default_factory=list)
+    load: dict[str, list[float]] = field(default_factory=lambda: {"sha256": [], "size": []})
+
+
+def sync_save_s(rig: Rig, ckpt: Any) -> float:
+    import torch.distributed as dist
+
+    dist.barrier()
+    started = time.perf_counter()
+    rig.save(ckpt, sync=True)
+    return time.perf_counter() - started
+
+
+def async_save_s(rig: Rig, ckpt: Any, args: argparse.Namespace, step_s: float) -> tuple[float, float]:
+    """The save call, then steps until the save is committed (at least ``--steps``): (loop blocked, stall) s.
+
+    The stall is the extra time over the same number of plain steps."""
+    import torch.distributed as dist
+
+    from air_hpc.resilience.signals import agree
+
+    started = time.perf_counter()
+    rig.save(ckpt, sync=False)
+    blocked = time.perf_counter() - started
+    steps = 0
+    while steps < args.steps or agree(ckpt.busy):
+        rig.one_step()
+        polled = time.perf_counter()
+        ckpt.poll()
+        blocked += time.perf_counter() - polled
+        steps += 1
+    waited = time.perf_counter()
+    ckpt.wait()
+    blocked += time.perf_counter() - waited
+    dist.barrier()
+    return blocked, time.perf_counter() - started - steps * step_s
+
+
+def time_saves(rig: Rig, args: argparse.Namespace, step_s: float, timings: Timings) -> None:
+    """dd, sync and async saves, alternating, so that a machine whose speed drifts (shared disks, other
+    jobs) affects both sides of each ratio alike."""
+    sync_ckpt = rig.checkpointer(async_save=False)
+    async_ckpt = rig.checkpointer(async_save=True)
+    sync_save_s(rig, sync_ckpt)  # warm-up; also tells the size for dd
+    nbytes = sum(p.stat().st_size for p in rig.committed_files())
+    for _ in range(args.repeats):
+        rig.train(1)
+        if args.rank == 0:
+            timings.dd.append(dd_write_s(rig.store.root, nbytes))
+        timings.sync.append(sync_save_s(rig, sync_ckpt))
+        rig.train(1)
+        blocked, stall = async_save_s(rig, async_ckpt, args, step_s)
+        timings.async_blocked.append(blocked)
+        timings.async_stall.append(stall)
+
+
+def time_loads(rig: Rig, args: argparse.Namespace, files: list[Path], timings: Timings) -> None:
+    """A cold sequential read of the newest checkpoint's files, then its load under each verification."""
+    import torch.distributed as dist
+
+    loaders = {c: rig.checkpointer(events=None, async_save=False, verify=c) for c in ("sha256", "size")}
+    for _ in range(args.repeats):
+        if args.rank == 0:
+            timings.cold.append(cold_read_s(files))
+        for check, loader in loaders.items():
+            if args.rank == 0:
+                drop_cache(files)
+            dist.barrier()
+            started = time.perf_counter()
+            rig.resume(loader)
+            dist.barrier()
+            timings.load[check].append(time.perf_counter() - started)
+
+
+def build_rig(args: argparse.Namespace, job: Any, ctx: Any) -> Rig:
+    """The model, its step runner and a checkpoint store under ``--dir``, the corpus written by rank 0."""
+    import torch.distributed as dist
+
+    from air_hpc.records.events import EventLog
+    from air_hpc.resilience.store import CheckpointStore
+    from air_hpc.train import model as model_mod
+    from air_hpc.train import parallel
+    from air_hpc.train.data import TokenSamples
+    from air_hpc.train.loop import StepRunner
+
+    dist.barrier()  # the corpus exists
+    parallel.seed(ctx, job.train.seed)
+    model = model_mod.build(job, ctx)
+    samples = TokenSamples(job.data.path, job.model.seq_len, job.train.seed)
+    store = CheckpointStore(Path(args.dir) / "checkpoints", keep_last=2)
+    events = EventLog(Path(args.dir) / "events.jsonl")
+    return Rig(job, ctx, model, StepRunner(job, ctx, model, samples), store, events)
+
+
+def print_phases(events_path: Path) -> None:
+    from air_hpc.records.events import read_events
+
+    saved = [e for e in read_events(events_path) if e["kind"] == "checkpoint_saved"]
+    for kind in (False, True):
+        last = [e for e in saved if e["async"] is kind][-1]
+        print(f"phases of the last {'async' if kind else 'sync'} save (s): {last['phases']}")
+
+
+def worker(args: argparse.Namespace) -> None:
+    import contextlib
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    from air_hpc.train import megatron_compat, parallel
+    from air_hpc.train.data import ByteTokenizer, prepare
+
+    job = bench_job(args, Path(args.dir))
+    if args.rank == 0 and not job.data.path.exists():
+        prepare([REPO / "README.md", REPO / "configs" / "jobs" / "gpt-tiny-local.yaml"], job.data.path, ByteTokenizer())
     env = parallel.DistEnv(args.rank, args.ranks, args.rank, "127.0.0.1", args.port, "localhost")
     with contextlib.ExitStack() as stack:
         stack.enter_context(megatron_compat.cpu_patched())
         ctx = stack.enter_context(parallel.distributed(env, job.layout, "gloo", 600))
-        dist.barrier()  # the corpus exists
-        parallel.seed(ctx, job.train.seed)
-        model = model_mod.build(job, ctx)
-        samples = TokenSamples(job.data.path, job.model.seq_len, job.train.seed)
-        runner = StepRunner(job, ctx, model, samples)
-        root = workdir / "checkpoints"
-        store = CheckpointStore(root, keep_last=2)
-        step = 0
-
-        def train(n: int, ckpt: Checkpointer | None = None) -> float:
-            nonlocal step
-            started = time.perf_counter()
-            for _ in range(n):
-                step += 1
-                runner.step(step * job.train.global_batch_size)
-                if ckpt is not None:
-                    ckpt.poll()
-            dist.barrier()
-            return time.perf_counter() - started
-
-        events = EventLog(workdir / "events.jsonl")
-        sync_ckpt = Checkpointer(store, events, async_save=False, layout=ctx.layout)
-        async_ckpt = Checkpointer(store, events, async_save=True, layout=ctx.layout)
-        train(2)
-        step_s = statistics.median(train(args.steps) for _ in range(3)) / args.steps
-
-        def sync_save() -> float:
-            dist.barrier()
-            started = time.perf_counter()
-            sync_ckpt.save(step, model.state(), sync=True)
-            return time.perf_counter() - started
-
-        sync_save()  # warm-up; also tells the size for dd
-        latest = store.latest_complete(check="size")
-        if latest is None:
-            raise SystemExit("bench: the warm-up save did not commit")
-        nbytes = sum(p.stat().st_size for p in store.path(latest).rglob("*") if p.is_file())
-
-        # Baselines and our numbers alternate, so that a machine whose speed drifts (shared
-        # disks, other jobs) affects both sides of each ratio alike.
-        dd_s: list[float] = []
-        sync_s: list[float] = []
-        async_stall_s: list[float] = []
-        async_blocked_s: list[float] = []
-        for _ in range(args.repeats):
-            train(1)
-            if args.rank == 0:
-                dd_s.append(dd_write_s(root, nbytes))
-            sync_s.append(sync_save())
-            train(1)
-            # Async: the save call, then steps until the save is committed (at least --steps of them);
-            # the stall is the extra time over the same number of plain steps.
-            started = time.perf_counter()
-            async_ckpt.save(step, model.state(), sync=False)
-            blocked = time.perf_counter() - started
-            steps = 0
-            while steps < args.steps or agree(async_ckpt.busy):
-                step += 1
-                runner.step(step * job.train.global_batch_size)
-                polled = time.perf_counter()
-                async_ckpt.poll()
-                blocked += time.perf_counter() - polled
-                steps += 1
-            waited = time.perf_counter()
-            async_ckpt.wait()
-            blocked += time.perf_counter() - waited
-            dist.barrier()
-            async_stall_s.append(time.perf_counter() - started - steps * step_s)
-            async_blocked_s.append(blocked)
-        latest = store.latest_complete(check="size")
-        if latest is None:
-            raise SystemExit("bench: no committed checkpoint to load")
-        files = [p for p in store.path(latest).rglob("*") if p.is_file()]
-        nbytes = sum(p.stat().st_size for p in files)
-
-        cold_s: list[float] = []
-        load_s: dict[str, list[float]] = {"sha256": [], "size": []}
-        loaders = {
-            c: Checkpointer(store, None, async_save=False, verify=c, layout=ctx.layout) for c in ("sha256", "size")
-        }
-        for _ in range(args.repeats):
-            if args.rank == 0:
-                cold_s.append(cold_read_s(files))
-            for check, loader in loaders.items():
-                if args.rank == 0:
-                    drop_cache(files)
-                dist.barrier()
-                started = time.perf_counter()
-                loader.resume(model.state())
-                dist.barrier()
-                load_s[check].append(time.perf_counter() - started)
+        rig = build_rig(args, job, ctx)
+        rig.train(2)
+        step_s = statistics.median(rig.train(args.steps) for _ in range(3)) / args.steps
+        timings = Timings()
+        time_saves(rig, args, step_s, timings)
+        files = rig.committed_files()
+        time_loads(rig, args, files, timings)
         if args.rank == 0:
-            report(args, nbytes, len(files), step_s, dd_s, sync_s, async_blocked_s, async_stall_s, cold_s, load_s)
-            saved = [e for e in read_events(events.path) if e["kind"] == "checkpoint_saved"]
-            for kind in (False, True):
-                last = [e for e in saved if e["async"] is kind][-1]
-                print(f"phases of the last {'async' if kind else 'sync'} save (s): {last['phases']}")
+            nbytes = sum(p.stat().st_size for p in files)
+            report(args, nbytes, len(files), step_s, timings)
+            print_phases(rig.events.path)
         dist.barrier()
 
 
-def report(
-    args: argparse.Namespace,
-    nbytes: int,
-    nfiles: int,
-    step_s: float,
-    dd_s: list[float],
-    sync_s: list[float],
-    async_blocked_s: list[float],
-    async_stall_s: list[float],
-    cold_s: list[float],
-    load_s: dict[str, list[float]],
-) -> None:
+def report(args: argparse.Namespace, nbytes: int, nfiles: int, step_s: float, timings: Timings) -> None:
     mb = nbytes / 1e6
     med = statistics.median
+    dd_s, sync_s, cold_s, load_s = timings.dd, timings.sync, timings.cold, timings.load
+    async_blocked_s, async_stall_s = timings.async_blocked, timings.async_stall
     rows = [
         ("checkpoint", f"{mb:.1f} MB in {nfiles} files, {args.ranks} ranks (TP{args.ranks})"),
         ("training step", f"{step_s * 1e3:.1f} ms"),
@@ -265,27 +326,16 @@ def report(
         print(json.dumps({k: v[0] for k, v in ratios.items()}))
 
 
-def testbed_preemption(args: argparse.Namespace) -> None:
-    """Preempt a gpt-tiny job on a running testbed (``scancel --signal=USR2 --batch``) and time its way back.
-
-    Prints the seconds from the signal to the first resumed step (target <= 20 s; the requeue
-    itself costs ~12 s on the testbed) and the steps lost (target <= 1), with the phases between.
-    """
+def testbed_job(args: argparse.Namespace, bed: Any) -> Any:
+    """gpt-tiny for the testbed, 12 steps, a checkpoint every 4, in a fresh directory under ``--dir``."""
     from air_hpc.config import load_job
-    from air_hpc.launch.submit import submit
-    from air_hpc.records.events import read_events
-    from air_hpc.records.rundir import RunDir
-    from air_hpc.testbed import Testbed
     from air_hpc.train import data
-    from air_hpc.train.metrics import read_metrics
 
-    bed = Testbed(Path(args.testbed))
-    client = bed.client()
     base = Path(args.dir) if args.dir else REPO / "runs"
     root = Path(tempfile.mkdtemp(dir=base, prefix="bench-preempt-"))
     corpus = root / "corpus.h5"
     data.prepare(data.project_sources(), corpus, data.ByteTokenizer())
-    job = load_job(
+    return load_job(
         REPO / "configs/jobs/gpt-tiny-testbed.yaml",
         [
             f"run.root={root}",
@@ -296,28 +346,16 @@ def testbed_preemption(args: argparse.Namespace) -> None:
             f"cluster.topology_file={bed.layout.topology_conf}",
         ],
     )
-    done = submit(job, "slurm", client)
-    run = RunDir(done.run_dir)
 
-    def last_step() -> int:
-        return max((int(r["step"]) for r in read_metrics(run.metrics)), default=0)
 
-    def wait(what: str, condition: Any, timeout_s: float = 600) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not condition():
-            if time.monotonic() > deadline:
-                raise SystemExit(f"bench: timed out waiting for {what}; see {run.path}/logs")
-            time.sleep(0.05)
+def print_preemption(run: Any, signalled: float, trained_before: int) -> None:
+    """The phases from the signal to the first resumed step, and the two targets."""
+    from air_hpc.records.events import read_events
+    from air_hpc.train.metrics import read_metrics
 
-    wait("step 2", lambda: last_step() >= 2)
-    trained_before = last_step()
-    signalled = time.time()
-    client.scancel(done.job_id, signal="USR2", batch=True)
-    wait("the resume", lambda: any(e["kind"] == "resume" for e in read_events(run.events)))
     events = read_events(run.events)
     stop = next(e for e in events if e["kind"] == "stop")
     resume = next(e for e in events if e["kind"] == "resume")
-    wait("the first resumed step", lambda: last_step() > resume["step"])
     first = next(r for r in read_metrics(run.metrics) if r["step"] == resume["step"] + 1)
     starts = [e["time"] for e in read_events(run.submissions) if e.get("kind") == "started"]
     saved = next(e for e in events if e["kind"] == "checkpoint_saved" and e["step"] == stop["step"])
@@ -338,6 +376,43 @@ def testbed_preemption(args: argparse.Namespace) -> None:
     print(f"seconds signal -> first resumed step  {total:6.1f}  (target <= 20: {'ok' if total <= 20 else 'MISSED'})")
     print(f"steps lost                            {lost:6d}  (target <= 1: {'ok' if lost <= 1 else 'MISSED'})")
     print(f"run directory: {run.path}")
+
+
+def testbed_preemption(args: argparse.Namespace) -> None:
+    """Preempt a gpt-tiny job on a running testbed (``scancel --signal=USR2 --batch``) and time its way back.
+
+    Prints the seconds from the signal to the first resumed step (target <= 20 s; the requeue
+    itself costs ~12 s on the testbed) and the steps lost (target <= 1), with the phases between.
+    """
+    from air_hpc.launch.submit import submit
+    from air_hpc.records.events import read_events
+    from air_hpc.records.rundir import RunDir
+    from air_hpc.testbed import Testbed
+    from air_hpc.train.metrics import read_metrics
+
+    bed = Testbed(Path(args.testbed))
+    client = bed.client()
+    done = submit(testbed_job(args, bed), "slurm", client)
+    run = RunDir(done.run_dir)
+
+    def last_step() -> int:
+        return max((int(r["step"]) for r in read_metrics(run.metrics)), default=0)
+
+    def wait(what: str, condition: Any, timeout_s: float = 600) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"bench: timed out waiting for {what}; see {run.path}/logs")
+            time.sleep(0.05)
+
+    wait("step 2", lambda: last_step() >= 2)
+    trained_before = last_step()
+    signalled = time.time()
+    client.scancel(done.job_id, signal="USR2", batch=True)
+    wait("the resume", lambda: any(e["kind"] == "resume" for e in read_events(run.events)))
+    resumed = next(e for e in read_events(run.events) if e["kind"] == "resume")["step"]
+    wait("the first resumed step", lambda: last_step() > resumed)
+    print_preemption(run, signalled, trained_before)
     client.scancel(done.job_id)
 
 

@@ -31,24 +31,44 @@ def wait_for(what: str, condition: Any, timeout_s: float = 600) -> None:
         time.sleep(0.05)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--testbed", type=Path, required=True, help="state directory of a running testbed")
-    parser.add_argument("--steps", type=int, default=14)
-    parser.add_argument("--interval", type=int, default=3, help="checkpoint.interval_steps")
-    args = parser.parse_args()
+class Watch:
+    """What one run's files say so far: its events and the steps it trained."""
 
-    import psutil
+    def __init__(self, run_dir: Any) -> None:
+        self.run_dir = run_dir
 
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        from air_hpc.records.events import read_events
+
+        path = self.run_dir.events
+        return [e for e in read_events(path) if e["kind"] == kind] if path.exists() else []
+
+    def metrics(self) -> list[dict[str, Any]]:
+        from air_hpc.train.metrics import read_metrics
+
+        return list(read_metrics(self.run_dir.metrics))
+
+    def last_step(self) -> int:
+        return max((int(r["step"]) for r in self.metrics()), default=0)
+
+    def wait_past(self, kind: str) -> None:
+        """Until the running step has a ``kind`` event and has trained a step after it."""
+        wait_for("the step to start", lambda: self.events("step_started"))
+        started = self.events("step_started")[-1]["time"]
+
+        def ready() -> bool:
+            marks = [e["time"] for e in self.events(kind) if e["time"] > started]
+            return bool(marks) and any(r["time"] > marks[0] for r in self.metrics())
+
+        wait_for(f"{kind} and a step after it", ready)
+
+
+def submit_job(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The gpt-tiny job with one spare, submitted to the running testbed: (client, submission)."""
     from air_hpc.config.load import load_job
-    from air_hpc.health.heartbeat import read_beats
     from air_hpc.launch.submit import submit
-    from air_hpc.records.events import read_events
-    from air_hpc.records.rundir import RunDir
-    from air_hpc.slurm.jobs import JobState
     from air_hpc.testbed import Testbed
     from air_hpc.train import data
-    from air_hpc.train.metrics import read_metrics
 
     bed = Testbed(args.testbed)
     if not bed.status()["up"]:
@@ -71,57 +91,60 @@ def main() -> None:
         ],
     )
     client = bed.client()
-    done = submit(job, "slurm", client)
+    return client, submit(job, "slurm", client)
+
+
+def kill_a_rank(watch: Watch, after: str) -> tuple[float, float, int]:
+    """Once ``after`` happened, SIGKILL the running step's last rank: (detection s, first resumed step s, redone)."""
+    import psutil
+
+    from air_hpc.health.heartbeat import read_beats
+
+    watch.wait_past(after)
+    ended = len(watch.events("step_ended"))
+    started = watch.events("step_started")[-1]["generation"]
+    beats = read_beats(watch.run_dir.heartbeat / started)
+    victim = psutil.Process(beats[max(beats)].pid)
+    if str(watch.run_dir.path) not in victim.cmdline():
+        raise SystemExit(f"bench: pid {victim.pid} is not a rank of this run")
+    trained = watch.last_step()
+    faulted = time.time()
+    victim.kill()
+    resumes = len(watch.events("resume"))
+    wait_for("the resume", lambda: len(watch.events("resume")) > resumes)
+    resumed = watch.events("resume")[-1]["step"]
+
+    def first_resumed() -> list[dict[str, Any]]:
+        return [r for r in watch.metrics() if r["step"] == resumed + 1 and r["time"] > faulted]
+
+    wait_for("the first resumed step", first_resumed)
+    detected = watch.events("step_ended")[ended]["time"] - faulted
+    return detected, first_resumed()[0]["time"] - faulted, trained - resumed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--testbed", type=Path, required=True, help="state directory of a running testbed")
+    parser.add_argument("--steps", type=int, default=14)
+    parser.add_argument("--interval", type=int, default=3, help="checkpoint.interval_steps")
+    args = parser.parse_args()
+
+    from air_hpc.records.rundir import RunDir
+    from air_hpc.slurm.jobs import JobState
+
+    client, done = submit_job(args)
     run_dir = RunDir(done.run_dir)
-
-    def events(kind: str) -> list[dict[str, Any]]:
-        return [e for e in read_events(run_dir.events) if e["kind"] == kind] if run_dir.events.exists() else []
-
-    def last_step() -> int:
-        return max((int(r["step"]) for r in read_metrics(run_dir.metrics)), default=0)
-
-    def wait_past(kind: str) -> None:
-        """Until the running step has a ``kind`` event and has trained a step after it."""
-        wait_for("the step to start", lambda: events("step_started"))
-        started = events("step_started")[-1]["time"]
-
-        def ready() -> bool:
-            marks = [e["time"] for e in events(kind) if e["time"] > started]
-            return bool(marks) and any(r["time"] > marks[0] for r in read_metrics(run_dir.metrics))
-
-        wait_for(f"{kind} and a step after it", ready)
-
-    results = []
+    watch = Watch(run_dir)
     # The first crash, after a checkpoint, takes the spare; the second, right after that resume, finds none.
-    for path, after in (("in-job restart", "checkpoint_saved"), ("requeue", "resume")):
-        wait_past(after)
-        ended = len(events("step_ended"))
-        started = events("step_started")[-1]["generation"]
-        beats = read_beats(run_dir.heartbeat / started)
-        victim = psutil.Process(beats[max(beats)].pid)
-        if str(run_dir.path) not in victim.cmdline():
-            raise SystemExit(f"bench: pid {victim.pid} is not a rank of this run")
-        trained = last_step()
-        faulted = time.time()
-        victim.kill()
-        resumes = len(events("resume"))
-        wait_for("the resume", lambda n=resumes: len(events("resume")) > n)
-        resumed = events("resume")[-1]["step"]
-        wait_for(
-            "the first resumed step",
-            lambda s=resumed, t=faulted: any(
-                r["step"] == s + 1 and r["time"] > t for r in read_metrics(run_dir.metrics)
-            ),
-        )
-        first = next(r for r in read_metrics(run_dir.metrics) if r["step"] == resumed + 1 and r["time"] > faulted)
-        detected = events("step_ended")[ended]["time"] - faulted
-        results.append((path, detected, first["time"] - faulted, trained - resumed))
-
+    results = [
+        (path, *kill_a_rank(watch, after))
+        for path, after in (("in-job restart", "checkpoint_saved"), ("requeue", "resume"))
+    ]
     status = client.job_status(done.job_id)
     while status is None or not status.state.terminal:
         time.sleep(1)
         status = client.job_status(done.job_id)
-    if status.state != JobState.COMPLETED or not events("spares_exhausted"):
+    if status.state != JobState.COMPLETED or not watch.events("spares_exhausted"):
         raise SystemExit(f"bench: job {done.job_id} ended {status.state}; see {run_dir.logs}")
     (_, _, requeue_s, _) = results[1]
     print(f"gpt-tiny, 2 nodes x 2 ranks + 1 spare, job {done.job_id}, run {run_dir.path}")

@@ -33,22 +33,13 @@ from air_hpc.train import data
 REPO = Path(__file__).resolve().parents[2]
 
 
-def bare_megatron(job: JobConfig, pp_first: bool, pp_last: bool) -> Any:
-    """The bare loop: megatron-core calls only, no air_hpc code, in-memory random tokens."""
+def bare_config(job: JobConfig) -> Any:
+    """Megatron's TransformerConfig for the job's model, set up as air_hpc's CPU build sets it."""
     import torch
-    from megatron.core import tensor_parallel
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-    from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    m, p, t = job.model, job.parallel, job.train
-    tensor_parallel.model_parallel_cuda_manual_seed(t.seed)
-    torch.manual_seed(t.seed)
-    config = TransformerConfig(
+    m, p = job.model, job.parallel
+    return TransformerConfig(
         num_layers=m.num_layers,
         hidden_size=m.hidden_size,
         num_attention_heads=m.num_attention_heads,
@@ -64,6 +55,17 @@ def bare_megatron(job: JobConfig, pp_first: bool, pp_last: bool) -> Any:
         masked_softmax_fusion=False,
         bias_dropout_fusion=False,
     )
+
+
+def bare_model(job: JobConfig, config: Any, pp_first: bool, pp_last: bool) -> tuple[Any, Any, Any]:
+    """The GPT in DDP, its optimizer and its scheduler: megatron-core calls only."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    m, t = job.model, job.train
     gpt = GPTModel(
         config, get_gpt_layer_local_spec(), m.vocab_size, m.seq_len, pre_process=pp_first, post_process=pp_last
     )
@@ -78,6 +80,19 @@ def bare_megatron(job: JobConfig, pp_first: bool, pp_last: bool) -> Any:
     sched = OptimizerParamScheduler(
         opt, 0.0, t.lr, t.min_lr, t.lr_warmup_steps, t.steps, "cosine", 0.01, 0.01, 1, "constant"
     )
+    return ddp, opt, sched
+
+
+def bare_megatron(job: JobConfig, pp_first: bool, pp_last: bool) -> Any:
+    """The bare loop: megatron-core calls only, no air_hpc code, in-memory random tokens."""
+    import torch
+    from megatron.core import tensor_parallel
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    m, t = job.model, job.train
+    tensor_parallel.model_parallel_cuda_manual_seed(t.seed)
+    torch.manual_seed(t.seed)
+    ddp, opt, sched = bare_model(job, bare_config(job), pp_first, pp_last)
     micro = t.global_batch_size // (t.micro_batch_size * job.layout.dp)
     tokens = torch.randint(0, 257, (micro, t.micro_batch_size, m.seq_len + 1))
     positions = torch.arange(m.seq_len).unsqueeze(0).expand(t.micro_batch_size, -1)
