@@ -16,13 +16,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from air_hpc.chaos.inject import INJECTORS, InjectionError, NodeControl, Target, check_cluster
+from air_hpc.chaos.inject import INJECTORS, InjectionError, NodeControl, Target, check_cluster, continue_stopped
 from air_hpc.chaos.outcome import CampaignResult, Injection, outcomes
 from air_hpc.chaos.schedule import NO_RESTART_KINDS, Fault, plan
 from air_hpc.config.load import load_job
 from air_hpc.config.models import JobConfig
 from air_hpc.errors import AirHpcError, UserError
-from air_hpc.launch.submit import submit
+from air_hpc.launch.submit import Submission, submit
 from air_hpc.observe.compare import compare_runs
 from air_hpc.observe.records import START_KIND, StepRecord, load_records, parse_events, parse_steps
 from air_hpc.observe.report import build_report
@@ -205,47 +205,77 @@ def _cancel(client: SlurmClient, job_ids: Sequence[str]) -> None:
             log.warning("could not cancel job %s: %s", job_id, exc)
 
 
+def _clean_up(
+    client: SlurmClient, target: Target | None, unfinished: Sequence[str], say: Callable[[str], None]
+) -> None:
+    """However the campaign ends: stopped ranks continue, ``unfinished`` copies are cancelled, killed nodes come
+    back. Ranks continue first, so that a cancelled job's ranks can act on their SIGTERM."""
+    if target is not None and (continued := continue_stopped(target)):
+        say(f"continued {continued} stopped rank process(es) (SIGCONT)")
+    if unfinished:
+        _cancel(client, unfinished)
+        say(f"cancelled job(s) {', '.join(unfinished)}")
+    if target is None or target.node_control is None:
+        return
+    for node in target.killed:
+        target.node_control.restart_node(node)
+        say(f"node {node} brought back")
+
+
+def _target(
+    campaign: Campaign, job: JobConfig, chaos: Submission, client: SlurmClient, nodes: NodeControl | None
+) -> Target:
+    return Target(
+        job_id=chaos.job_id,
+        run_dir=RunDir(chaos.run_dir),
+        client=client,
+        signal=job.resilience.signal,
+        nodes=job.resources.nodes,
+        rng=random.Random(campaign.seed),
+        node_control=nodes,
+    )
+
+
 def run_campaign(
     campaign: Campaign,
     client: SlurmClient,
     on_fault: Callable[[Injection], None] = lambda _: None,
     node_control: NodeControl | None = None,
+    say: Callable[[str], None] = lambda _: None,
 ) -> tuple[CampaignResult, Sequence[Injection], RunDir, RunDir]:
-    """Submit both copies, inject the schedule into one, wait for both to end, compare; killed nodes come back."""
+    """Submit both copies, inject the schedule into one, wait for both to end, compare.
+
+    However it ends (an error, a timeout, Ctrl-C or SIGTERM raised as :class:`KeyboardInterrupt`), stopped ranks
+    continue, killed nodes come back, and a copy still in Slurm is cancelled. ``say`` gets a line per step.
+    """
     check_cluster(campaign.kinds, client)
     reference_job, chaos_job = _jobs(campaign)
     faults = plan(campaign.kinds, campaign.count, campaign.seed, chaos_job.train.steps)
-    reference = submit(reference_job, "slurm", client)
-    chaos = submit(chaos_job, "slurm", client)
-    run_dir = RunDir(chaos.run_dir)
-    target = Target(
-        job_id=chaos.job_id,
-        run_dir=run_dir,
-        client=client,
-        signal=chaos_job.resilience.signal,
-        nodes=chaos_job.resources.nodes,
-        rng=random.Random(campaign.seed),
-        node_control=node_control,
-    )
+    submitted: list[str] = []
+    target: Target | None = None
     try:
+        reference = submit(reference_job, "slurm", client)
+        submitted.append(reference.job_id)
+        chaos = submit(chaos_job, "slurm", client)
+        submitted.append(chaos.job_id)
+        say(f"submitted job {chaos.job_id} (faults) and job {reference.job_id} (reference); {len(faults)} fault(s)")
+        target = _target(campaign, chaos_job, chaos, client, node_control)
         injections = _strike(campaign, faults, _Watch(target, campaign, chaos_job.train.steps), on_fault)
+        say(f"waiting for jobs {chaos.job_id} and {reference.job_id} to end")
         final_state = _wait_ended(client, chaos.job_id, campaign)
         _wait_ended(client, reference.job_id, campaign)
-    except BaseException:
-        _cancel(client, (chaos.job_id, reference.job_id))
-        raise
+        submitted.clear()  # both ended: nothing to cancel
     finally:
-        for node in target.killed:
-            if node_control is not None:
-                node_control.restart_node(node)
+        _clean_up(client, target, submitted, say)
+    run_dir, reference_dir = RunDir(chaos.run_dir), RunDir(reference.run_dir)
     records = load_records(run_dir)
-    mine, theirs = build_report(records), build_report(load_records(RunDir(reference.run_dir)))
+    mine, theirs = build_report(records), build_report(load_records(reference_dir))
     result = CampaignResult(
         scheduled=len(faults),
         faults=outcomes(records, injections),
         final_state=final_state,
-        comparison=compare_runs(run_dir, RunDir(reference.run_dir), chaos_job.train.steps),
+        comparison=compare_runs(run_dir, reference_dir, chaos_job.train.steps),
         goodput=mine.goodput if mine else None,
         reference_goodput=theirs.goodput if theirs else None,
     )
-    return result, injections, run_dir, RunDir(reference.run_dir)
+    return result, injections, run_dir, reference_dir

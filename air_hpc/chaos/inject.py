@@ -70,6 +70,27 @@ class Target:
     node_control: NodeControl | None = None
     killed: list[str] = field(default_factory=list)
     """Nodes ``node-kill`` powered off, for the campaign to bring back when it ends."""
+    stopped: list[RankProcess] = field(default_factory=list)
+    """Ranks ``hang`` or ``straggler`` stopped (SIGSTOP), for the campaign to continue when it ends, however it ends."""
+
+
+def stop(target: Target, rank: RankProcess) -> None:
+    """SIGSTOP ``rank``, remembered first, so that an interrupt right after it still finds the rank to continue."""
+    target.stopped.append(rank)
+    rank.signal(signal.SIGSTOP)
+
+
+def continue_stopped(target: Target) -> int:
+    """SIGCONT every rank the campaign stopped that still runs (same PID and start time); how many were."""
+    continued = 0
+    while target.stopped:
+        rank = target.stopped.pop()
+        try:
+            rank.signal(signal.SIGCONT)
+            continued += 1
+        except InjectionError:  # it ended (a requeue killed it): nothing to continue
+            continue
+    return continued
 
 
 def rank_processes(job_id: str) -> list[RankProcess]:
@@ -131,7 +152,7 @@ def rank_kill(target: Target) -> str:
 def hang(target: Target) -> str:
     """Freeze one rank (SIGSTOP): the others block in its collectives until the watchdog fires."""
     rank = _pick_rank(target)
-    rank.signal(signal.SIGSTOP)
+    stop(target, rank)
     return f"SIGSTOP {_describe(rank)}"
 
 
@@ -140,9 +161,10 @@ def straggler(target: Target, cycles: int = 6, stopped_s: float = 0.5, running_s
     rank = _pick_rank(target)
     try:
         for _ in range(cycles):
-            rank.signal(signal.SIGSTOP)
+            stop(target, rank)
             time.sleep(stopped_s)
             rank.signal(signal.SIGCONT)
+            target.stopped.remove(rank)
             time.sleep(running_s)
     except InjectionError:
         log.info("straggler: %s ended during the duty cycle", _describe(rank))

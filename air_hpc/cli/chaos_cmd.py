@@ -1,16 +1,39 @@
 """``air-hpc chaos JOB_FILE --faults ... --count N --seed S``: a seeded fault campaign on the testbed."""
 
+import contextlib
+import signal
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING
 
 import click
 
-from air_hpc.cli.options import echo_json, job_argument, json_option, set_option
-from air_hpc.cli.testbed_cmd import state_dir_option
+from air_hpc.cli.options import echo_json, job_argument, json_option, set_option, state_dir_option
 from air_hpc.exitcodes import ExitCode
 
 if TYPE_CHECKING:
     from air_hpc.chaos.outcome import Injection
+
+
+def say(line: str) -> None:
+    """A progress line on stderr, as the campaign goes (stdout keeps the verdict, or the JSON)."""
+    click.echo(f"chaos: {line}", err=True)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM (a timeout's, a scheduler's) ends the campaign as Ctrl-C does, through its clean-up: stopped ranks
+    continue and both copies are cancelled, instead of leaving a job running with a stopped rank."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @click.command()
@@ -34,7 +57,7 @@ def chaos(
     count: int,
     seed: int,
     timeout_s: float,
-    state_dir: Path | None,
+    state_dir: Path,
     as_json: bool,
 ) -> None:
     """Run JOB_FILE on the testbed beside an uninterrupted reference, inject faults, compare bit for bit.
@@ -51,19 +74,19 @@ def chaos(
     from air_hpc.testbed import Testbed
 
     kinds = parse_kinds(faults_text)
-    plan(
-        kinds, count, seed, testbed_job(Path(job_file), overrides).train.steps
-    )  # bad input fails before the testbed starts
+    job = testbed_job(Path(job_file), overrides)
+    plan(kinds, count, seed, job.train.steps)  # bad input fails before the testbed starts
     bed = Testbed(state_dir)
     status = bed.up()
+    say(f"testbed {bed.layout.root} ({len(status['nodes'])} nodes)")
     campaign = Campaign(Path(job_file), overrides, kinds, count, seed, Path(status["topology_conf"]), timeout_s)
 
     def announce(injection: "Injection") -> None:
-        if not as_json:
-            hit = injection.target or f"skipped: {injection.skipped}"
-            click.echo(f"fault {injection.fault.number} {injection.fault.kind}: {hit}", err=True)
+        hit = injection.target or f"skipped: {injection.skipped}"
+        say(f"fault {injection.fault.number} {injection.fault.kind} at step {injection.step}: {hit}")
 
-    result, _, run_dir, reference = run_campaign(campaign, bed.client(), announce, node_control=bed)
+    with sigterm_interrupts():
+        result, _, run_dir, reference = run_campaign(campaign, bed.client(), announce, node_control=bed, say=say)
     if as_json:
         echo_json({**result.to_json(), "run_dir": str(run_dir.path), "reference_run_dir": str(reference.path)})
     else:

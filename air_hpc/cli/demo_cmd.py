@@ -4,14 +4,11 @@ from pathlib import Path
 
 import click
 
+from air_hpc.cli.options import state_dir_option
+
 
 @click.command()
-@click.option(
-    "--state-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Testbed state directory [default: the user's state dir].",
-)
+@state_dir_option
 @click.option(
     "--runs",
     "run_root",
@@ -21,7 +18,7 @@ import click
     help="Where the demo's run directory and corpus go.",
 )
 @click.option("--preempt-at-step", default=8, show_default=True, help="Send the preemption signal at this step.")
-def demo(state_dir: Path | None, run_root: Path, preempt_at_step: int) -> None:
+def demo(state_dir: Path, run_root: Path, preempt_at_step: int) -> None:
     """Train gpt-tiny across two emulated nodes, preempt it once, watch it resume, report and plot."""
     from rich.console import Console
 

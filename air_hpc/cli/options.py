@@ -1,8 +1,11 @@
-"""Options shared by commands: ``--set``, ``--json`` (and the one JSON style), the run argument, the Slurm client."""
+"""Options shared by commands: ``--set``, ``--json`` (and the one JSON style), the run argument, the Slurm client,
+the testbed's ``--state-dir``."""
 
 import json
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
+from pathlib import Path
 from typing import Any
 
 import click
@@ -59,3 +62,25 @@ def slurm_client() -> SlurmClient:
     obj = click.get_current_context().obj
     injected = obj.get("slurm_client") if isinstance(obj, dict) else None
     return injected if isinstance(injected, SlurmClient) else SlurmClient(retries=2, backoff_s=1.0)
+
+
+def testbed_state_dir(explicit: Path | None, env: Mapping[str, str] | None = None) -> Path:
+    """The one rule of every command that works on a testbed: ``--state-dir`` when given, else the testbed
+    ``$SLURM_CONF`` belongs to (``eval "$(air-hpc testbed env --state-dir X)"``), else the default."""
+    from air_hpc.testbed import default_state_dir
+    from air_hpc.testbed.conf import testbed_of
+
+    if explicit is not None:
+        return explicit
+    conf = (os.environ if env is None else env).get("SLURM_CONF")
+    return (testbed_of(Path(conf)) if conf else None) or default_state_dir()
+
+
+state_dir_option = click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    callback=lambda ctx, param, value: testbed_state_dir(value),
+    help="Where the testbed keeps all its state [default: the testbed $SLURM_CONF belongs to, as set by "
+    "`air-hpc testbed env`, else $XDG_STATE_HOME/air-hpc/testbed].",
+)

@@ -8,17 +8,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from air_hpc.cli.options import echo_json, json_option
+from air_hpc.cli.options import echo_json, json_option, state_dir_option
 from air_hpc.errors import UserError
-from air_hpc.testbed import Testbed, default_state_dir
+from air_hpc.testbed import Testbed
 from air_hpc.testbed.conf import Settings
-
-state_dir_option = click.option(
-    "--state-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help=f"Where the testbed keeps all its state [default: {default_state_dir()}].",
-)
 
 
 def parse_leaves(value: str) -> tuple[int, ...]:
@@ -51,7 +44,7 @@ def testbed() -> None:
     is_flag=True,
     help="Preemption sends the job's --signal instead of SIGTERM (SlurmctldParameters=preempt_send_user_signal).",
 )
-def up(state_dir: Path | None, leaves: str, preempt_grace_s: int, preempt_send_user_signal: bool) -> None:
+def up(state_dir: Path, leaves: str, preempt_grace_s: int, preempt_send_user_signal: bool) -> None:
     """Start the testbed (safe to run twice) and wait until every node is idle.
 
     On a partly running testbed only the daemons that are down start again; running jobs are left alone.
@@ -66,7 +59,7 @@ def up(state_dir: Path | None, leaves: str, preempt_grace_s: int, preempt_send_u
 
 @testbed.command()
 @state_dir_option
-def down(state_dir: Path | None) -> None:
+def down(state_dir: Path) -> None:
     """Stop every daemon the testbed started, by PID, and wait for them."""
     stopped = Testbed(state_dir).down()
     click.echo(f"stopped {len(stopped)} daemon(s)" if stopped else "testbed was not running")
@@ -75,7 +68,7 @@ def down(state_dir: Path | None) -> None:
 @testbed.command()
 @state_dir_option
 @json_option
-def status(state_dir: Path | None, as_json: bool) -> None:
+def status(state_dir: Path, as_json: bool) -> None:
     """Show nodes, their states and the daemons' PIDs."""
     info = Testbed(state_dir).status()
     if as_json:
@@ -86,7 +79,7 @@ def status(state_dir: Path | None, as_json: bool) -> None:
 
 @testbed.command()
 @state_dir_option
-def env(state_dir: Path | None) -> None:
+def env(state_dir: Path) -> None:
     """Print shell exports for using the testbed: eval "$(air-hpc testbed env)"."""
     for key, value in sorted(Testbed(state_dir).env.items()):
         click.echo(f"export {key}={shlex.quote(value)}")

@@ -43,6 +43,10 @@ class Ports:
     slurmd: tuple[int, ...]
 
 
+#: The first line of every slurm.conf that ``testbed up`` writes: how a ``$SLURM_CONF`` is known for a testbed's.
+TESTBED_CONF_HEADER = "Written by air-hpc testbed up; every daemon listens on loopback only."
+
+
 @dataclass(frozen=True)
 class Layout:
     """Every path the testbed writes, all under one state directory."""
@@ -140,6 +144,18 @@ def loopback_controller(cluster: str, ctld_host: str, ctld_port: int) -> dict[st
     }
 
 
+def testbed_of(slurm_conf: Path) -> Path | None:
+    """The state directory of the testbed whose ``etc/slurm.conf`` this is, or None for any other file."""
+    if slurm_conf.name != "slurm.conf" or slurm_conf.parent.name != "etc":
+        return None
+    try:
+        with slurm_conf.open(encoding="utf-8", errors="replace") as stream:
+            first = stream.readline()
+    except OSError:
+        return None
+    return slurm_conf.parent.parent if first.rstrip("\n") == f"# {TESTBED_CONF_HEADER}" else None
+
+
 def render_slurm_conf(settings: Mapping[str, str], lines: Sequence[str], header: str) -> str:
     """The one slurm.conf writer: a comment, one ``key=value`` line per setting, then ``lines`` (nodes, partitions)."""
     return "\n".join([f"# {header}", *(f"{key}={value}" for key, value in settings.items()), *lines]) + "\n"
@@ -203,7 +219,7 @@ def slurm_conf(
     lines.append(
         f"PartitionName={URGENT_PARTITION} Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF"
     )
-    return render_slurm_conf(values, lines, "Written by air-hpc testbed up; every daemon listens on loopback only.")
+    return render_slurm_conf(values, lines, TESTBED_CONF_HEADER)
 
 
 def cloud_slurm_conf(
