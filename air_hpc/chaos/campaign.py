@@ -65,6 +65,34 @@ def testbed_job(job_file: Path, overrides: Sequence[str]) -> JobConfig:
     return job
 
 
+def hang_limit(job: JobConfig) -> tuple[int, str]:
+    """How long a stopped rank can go unnoticed, and the key that sets it: the watchdog's longer limit of a step
+    and a save (a rank may stop in either), or without a watchdog the supervisor's backstop."""
+    from air_hpc.runtime.supervisor import hang_backstop_s
+
+    h = job.health
+    if not h.watchdog:
+        return hang_backstop_s(job), "the supervisor's hang backstop (health.watchdog is off)"
+    if h.heartbeat_checkpoint_s > h.heartbeat_step_s:
+        return h.heartbeat_checkpoint_s, "health.heartbeat_checkpoint_s"
+    return h.heartbeat_step_s, "health.heartbeat_step_s"
+
+
+def timeout_warning(job: JobConfig, kinds: Sequence[str], timeout_s: float) -> str:
+    """Why a hang fault would outlast ``--timeout-s`` (the campaign would give up before the hang is detected);
+    empty when it would not, or when no hang is scheduled."""
+    if "hang" not in kinds:
+        return ""
+    limit_s, key = hang_limit(job)
+    if timeout_s > limit_s:
+        return ""
+    return (
+        f"--timeout-s {timeout_s:g} is not longer than the job's hang limit ({key} = {limit_s} s): the campaign "
+        f"would give up on a hang before it is detected; give --timeout-s above {limit_s} (plus a requeue's "
+        "time) or lower the limit with --set"
+    )
+
+
 def _jobs(campaign: Campaign) -> tuple[JobConfig, JobConfig]:
     base = testbed_job(campaign.job_file, campaign.overrides)
     stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -68,7 +68,7 @@ def chaos(
     last step, or the job ended) is reported as skipped, with the reason; it
     loses nothing. Exit 1 otherwise: the verdict line says what was lost.
     """
-    from air_hpc.chaos.campaign import Campaign, run_campaign, testbed_job
+    from air_hpc.chaos.campaign import Campaign, run_campaign, testbed_job, timeout_warning
     from air_hpc.chaos.outcome import format_result
     from air_hpc.chaos.schedule import parse_kinds, plan
     from air_hpc.testbed import Testbed
@@ -76,6 +76,8 @@ def chaos(
     kinds = parse_kinds(faults_text)
     job = testbed_job(Path(job_file), overrides)
     plan(kinds, count, seed, job.train.steps)  # bad input fails before the testbed starts
+    if warning := timeout_warning(job, kinds, timeout_s):
+        click.echo(f"warning: {warning}", err=True)
     bed = Testbed(state_dir)
     status = bed.up()
     say(f"testbed {bed.layout.root} ({len(status['nodes'])} nodes)")

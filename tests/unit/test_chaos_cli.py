@@ -1,5 +1,5 @@
-"""``air-hpc chaos`` as a user drives it (issue 24 item 2): the testbed it runs on, what it does when interrupted,
-and its progress lines."""
+"""``air-hpc chaos`` as a user drives it (issue 24 item 2, issue 27 item 11): the testbed it runs on, what it does
+when interrupted, its progress lines, and its warning about a timeout shorter than the job's hang limit."""
 
 import os
 import signal
@@ -13,11 +13,13 @@ import click
 import psutil
 import pytest
 
-from air_hpc.chaos.campaign import Campaign, _clean_up, run_campaign
+from air_hpc.chaos.campaign import Campaign, _clean_up, run_campaign, timeout_warning
 from air_hpc.chaos.inject import RankProcess, hang
 from air_hpc.cli.chaos_cmd import sigterm_interrupts
 from air_hpc.cli.main import cli
 from air_hpc.cli.options import testbed_state_dir as resolve_state_dir
+from air_hpc.config import load_job
+from air_hpc.errors import TestbedError
 from air_hpc.slurm.fake import FakeSlurm
 from air_hpc.slurm.jobs import JobState
 from air_hpc.testbed import default_state_dir
@@ -82,6 +84,38 @@ def test_testbed_env_names_the_testbed_slurm_conf_points_at(
     monkeypatch.setenv("SLURM_CONF", str(mine.slurm_conf))
     code, out, _ = run_main(["testbed", "env"])
     assert (code, out) == (0, f"export SLURM_CONF={mine.slurm_conf.resolve()}\n")
+
+
+# ---- the timeout against the hang limit ----------------------------------------------
+
+
+def test_a_timeout_shorter_than_the_hang_limit_is_named_with_its_key() -> None:
+    job = load_job(
+        TESTBED_JOB, ["health.heartbeat_step_s=60", "health.heartbeat_checkpoint_s=90", "checkpoint.async_wait_s=30"]
+    )
+    warning = timeout_warning(job, ("preempt", "hang"), 90)
+    assert warning.startswith("--timeout-s 90 is not longer than the job's hang limit (health.heartbeat_checkpoint_s")
+    assert timeout_warning(job, ("preempt", "hang"), 91) == ""
+    assert timeout_warning(job, ("preempt", "rank-kill"), 10) == "", "no hang scheduled: no hang to wait for"
+    no_watchdog = load_job(TESTBED_JOB, ["health.watchdog=false"])
+    assert "the supervisor's hang backstop (health.watchdog is off)" in timeout_warning(no_watchdog, ("hang",), 900)
+
+
+def test_chaos_warns_before_it_starts_the_testbed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_main: RunMain
+) -> None:
+    started: list[object] = []
+
+    def up(self: object, *args: object, **kwargs: object) -> None:
+        started.append(self)
+        raise TestbedError("testbed not started in this test")
+
+    monkeypatch.setattr("air_hpc.testbed.Testbed.up", up)
+    args = ["chaos", TESTBED_JOB, "--faults", "hang", "--count", "1", "--timeout-s", "30"]
+    code, _, err = run_main([*args, "--state-dir", str(tmp_path / "tb")])
+    warning, error = err.splitlines()
+    assert warning.startswith("warning: --timeout-s 30 is not longer than the job's hang limit") and started
+    assert code != 0 and "testbed not started in this test" in error
 
 
 # ---- interrupted --------------------------------------------------------------------
