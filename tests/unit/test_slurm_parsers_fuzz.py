@@ -35,6 +35,9 @@ from air_hpc.slurm.jobs import (
 )
 from air_hpc.slurm.nodes import parse_scontrol_nodes, parse_sinfo
 
+#: Outside the fast tier (scripts/test.sh --fast): thousands of generated inputs per parser (~5 min on 2 cores).
+pytestmark = pytest.mark.slow
+
 CASES = settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 #: characters that matter to these parsers, plus a few that do not

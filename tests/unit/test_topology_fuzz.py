@@ -16,6 +16,9 @@ from air_hpc.slurm import hostlist
 from air_hpc.topology import block_build, files, topoyaml, treeconf
 from air_hpc.topology.ibnetdiscover import import_ibnetdiscover
 
+#: Outside the fast tier (scripts/test.sh --fast): thousands of generated inputs per reader (about 40 s on 2 cores).
+pytestmark = pytest.mark.slow
+
 DATA = Path(__file__).parent.parent / "data" / "topology"
 MANY = settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 #: each example runs three or four parses

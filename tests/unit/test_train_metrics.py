@@ -83,6 +83,7 @@ def test_the_missing_te_warning_once_per_job(rank: int, restart: int, shown: boo
     assert [str(w.message)[:11] for w in caught] == ["Transformer", "something e"][0 if shown else 1 :]
 
 
+@pytest.mark.slow  # builds a Megatron model in a fresh interpreter
 def test_megatrons_own_missing_te_warning_is_silenced_on_rank_1() -> None:
     """Megatron's real import, so the pattern keeps matching the text it prints."""
     import subprocess

@@ -131,6 +131,7 @@ def _modules_after(code: str) -> set[str]:
     return set(out.split())
 
 
+@pytest.mark.slow  # imports megatron-core in a fresh interpreter
 def test_training_imports_of_megatron_leave_inductor_out() -> None:
     """A plain ``import megatron.core`` imports Inductor (seconds per rank) and TensorBoard; ours does not."""
     plain = _modules_after("import megatron.core")
