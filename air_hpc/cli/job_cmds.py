@@ -59,6 +59,11 @@ def render(job_file: str, overrides: tuple[str, ...], output: str | None, python
 @click.option("--dry-run", is_flag=True, help="Validate and render (and sbatch --test-only); submit nothing.")
 @click.option("--wait", is_flag=True, help="Follow the job to its end and print a summary.")
 @click.option("--force", is_flag=True, help="Submit even when the run's final checkpoint exists (the run is complete).")
+@click.option(
+    "--fresh",
+    is_flag=True,
+    help="Start the run from step 0: move its existing run directory aside (RUN.replaced-TIME, nothing deleted).",
+)
 @python_option
 @json_option
 def submit(
@@ -68,30 +73,45 @@ def submit(
     dry_run: bool,
     wait: bool,
     force: bool,
+    fresh: bool,
     python: str | None,
     as_json: bool,
 ) -> None:
-    """Validate, record and submit JOB_FILE; print the job id."""
+    """Validate, record and submit JOB_FILE; print the job id.
+
+    A run directory holding checkpoints of another model (shapes, vocabulary, tokenizer) is refused
+    (exit 2): give a new run.name or --fresh. A changed parallel layout or node count resumes.
+    """
     from air_hpc.config import load_job
     from air_hpc.launch import submit as submitting
     from air_hpc.launch.executors import make_executor
+    from air_hpc.launch.resume import aside_path, check_resume
+    from air_hpc.records.rundir import RunDir
 
     job = load_job(job_file, overrides)
     client = slurm_client()
+    resume = check_resume(job, fresh)
+    note = None if resume is None else resume.note()
+    if note is not None and not as_json:
+        click.echo(f"note: {note}", err=True)
     if dry_run:
         make_executor(executor, client).check(job)  # type: ignore[arg-type]
         submitting.check_data(job)
         planned = submitting.plan(job, None if executor == "local" else client, python=python, test_only=True)
         _report_dry_run(planned, as_json)
+        if fresh and job.run.dir.exists() and not as_json:
+            click.echo(f"dry run: --fresh would move {job.run.dir} aside to {aside_path(RunDir.of(job))}", err=True)
         return
     try:
-        done = submitting.submit(job, executor, client, python=python, force=force)  # type: ignore[arg-type]
+        done = submitting.submit(job, executor, client, python=python, force=force, fresh=fresh)  # type: ignore[arg-type]
     except submitting.RunComplete as complete:  # nothing to do is not an error: say so, exit 0
         if as_json:
             echo_json({"complete": True, "run_dir": str(job.run.dir), "message": str(complete)})
         else:
             click.echo(str(complete), err=True)
         return
+    if done.set_aside is not None and not as_json:
+        click.echo(f"moved the previous run directory aside to {done.set_aside}", err=True)
     if not wait:
         if as_json:
             echo_json(done.to_json())
@@ -183,6 +203,8 @@ def _summary(status: "RunStatus") -> str:
         lines.append(f"bad      {','.join(status.bad_nodes)}")
     if status.stopped_because:
         lines.append(f"stopped  {status.stopped_because}")
+    if status.last_crash:
+        lines.append(f"crash    {status.last_crash}")
     return "\n".join(lines)
 
 

@@ -21,6 +21,7 @@ from air_hpc.errors import AirHpcError, CheckpointError, ConfigError, SlurmUnrea
 from air_hpc.exitcodes import ExitCode
 from air_hpc.launch.executors import EntryFactory, default_entry, make_executor
 from air_hpc.launch.plan import Plan, plan
+from air_hpc.launch.resume import check_resume, set_aside
 from air_hpc.observe.records import load_records, longest_sync_save_s
 from air_hpc.ownership.attempts import recorded_jobs
 from air_hpc.ownership.owner import Owner, claim
@@ -41,12 +42,15 @@ class Submission:
     plan: Plan
     handle: Any = field(default=None, compare=False)
     """submitit's job object for the local executor."""
+    set_aside: Path | None = None
+    """Where ``fresh`` moved the run's previous directory."""
 
     def to_json(self) -> dict[str, object]:
         return {
             "job_id": self.job_id,
             "executor": self.executor,
             "run_dir": str(self.run_dir),
+            "set_aside": None if self.set_aside is None else str(self.set_aside),
             "script": str(RunDir(self.run_dir).sbatch),
             "nodelist": self.plan.request.nodelist,
             "switches": self.plan.request.switches,
@@ -72,6 +76,7 @@ def submit(
     entry: EntryFactory = default_entry,
     step_command: Sequence[str] | None = None,
     force: bool = False,
+    fresh: bool = False,
 ) -> Submission:
     """Validate, record and submit; returns once the job has an id (:mod:`air_hpc.ops.waiting` follows it).
 
@@ -79,10 +84,13 @@ def submit(
     that is complete (:class:`RunComplete`, unless ``force``) and a run directory that another live
     job owns (:class:`~air_hpc.ownership.owner.RunBusyError`), including a job whose earlier submit
     lost sbatch's answer (settled first, :func:`~air_hpc.ownership.attempts.recorded_jobs`).
+    Refuses checkpoints the job cannot load (:func:`~air_hpc.launch.resume.check_resume`); ``fresh``
+    moves the run's existing directory aside (under the owner lock, once no live job owns it) and starts anew.
     """
     backend = make_executor(executor, client, entry)
     backend.check(job)
-    final = completed_step(job)
+    check_resume(job, fresh)
+    final = None if fresh else completed_step(job)
     if final is not None and not force:
         raise RunComplete(
             f"{RunDir.of(job).path} is complete: its final checkpoint (step {final}) exists for "
@@ -104,11 +112,12 @@ def submit(
         log.info("%s", note)
     run = RunDir.of(job)
     with claim(run, lambda owner: owner_is_live(owner, client), lambda: recorded_jobs(run, client)) as take_ownership:
+        aside = set_aside(run) if fresh else None
         run_dir = write_run(plan_)
         launched = backend.launch(plan_, run_dir)
         take_ownership(launched.job_id, executor, launched.process)
     log.info("submitted job %s (%s) for run %s", launched.job_id, executor, run_dir.path)
-    return Submission(launched.job_id, executor, run_dir.path, plan_, launched.handle)
+    return Submission(launched.job_id, executor, run_dir.path, plan_, launched.handle, aside)
 
 
 def check_data(job: JobConfig) -> None:

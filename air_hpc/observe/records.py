@@ -28,6 +28,8 @@ STRAGGLER_KIND = "straggler"
 #: Every rank's start-up phases, once per start (``air_hpc.train.startup``).
 STARTUP_KIND = "startup"
 START_KIND = "start"
+#: A rank's start ended in an exception (``air_hpc.runtime.entry``): its type and first line name the crash.
+CRASH_KIND = "rank_failed"
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,24 @@ def stop_reason(records: RunRecords) -> str | None:
     stops = records.of_kind(CRASH_LOOP_KIND)
     why = stops[-1].fields.get("why") if stops else None
     return f"crash loop: {why}" if isinstance(why, str) else None
+
+
+def crash_text(event: Event) -> str:
+    """``rank 0 on n1: CheckpointingException: Global shape mismatch ...`` of a ``rank_failed`` event."""
+    where = f"rank {event.fields.get('rank', '?')}" + (
+        f" on {event.fields['node']}" if event.fields.get("node") else ""
+    )
+    return f"{where}: {event.fields.get('error') or 'an exception'}"
+
+
+def last_crash(records: RunRecords) -> str | None:
+    """What the run's last crashed start raised (its first ``rank_failed`` event), or None."""
+    crashes = records.of_kind(CRASH_KIND)
+    if not crashes:
+        return None
+    start = max((s for s in records.starts_s if s <= crashes[-1].time_s), default=None)
+    first = next(e for e in crashes if start is None or e.time_s >= start)
+    return crash_text(first)
 
 
 def longest_sync_save_s(events: tuple[Event, ...]) -> float | None:

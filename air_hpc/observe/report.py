@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 
 from air_hpc.observe.records import (
     CHECKPOINT_KIND,
+    CRASH_KIND,
     FAULT_KINDS,
     INTERVAL_KIND,
     PREEMPT_KINDS,
@@ -36,6 +37,7 @@ from air_hpc.observe.records import (
     Event,
     RunRecords,
     StepRecord,
+    crash_text,
     stop_reason,
 )
 
@@ -45,7 +47,7 @@ class Restart:
     number: int
     """1 for the first restart."""
     cause: str
-    """``preemption``, ``hang``, ``unhealthy`` or ``unknown``."""
+    """``preemption``, ``hang``, ``unhealthy``, ``crashed`` (a rank raised) or ``unknown``."""
     interrupted_s: float
     """When the start was stopped (its stop, hang or unhealthy event; else its last step or its start)."""
     resumed_s: float | None
@@ -53,6 +55,8 @@ class Restart:
     lost_steps: int
     lost_compute_s: float
     latency_s: float | None
+    error: str | None = None
+    """A crash's rank and exception (``rank 0 on n1: ValueError: ...``)."""
 
     @property
     def lost_s(self) -> float:
@@ -161,7 +165,11 @@ def _began_s(step: StepRecord) -> float | None:
 
 def _interruption(records: RunRecords, since_s: float, until_s: float) -> tuple[str, float | None, int | None]:
     """(cause, time, last completed step) of what ended the start running from ``since_s`` to ``until_s``."""
-    for event in reversed([e for e in records.events if since_s <= e.time_s < until_s]):
+    events = [e for e in records.events if since_s <= e.time_s < until_s]
+    crash = next((e for e in events if e.kind == CRASH_KIND), None)
+    if crash is not None:  # the first rank that raised; the others usually failed because of it
+        return "crashed", crash.time_s, None
+    for event in reversed(events):
         step = event.number("step")
         if event.kind in FAULT_KINDS:
             # A hang is noticed inside the step it names; that step did not complete.
@@ -249,6 +257,7 @@ def _restarts(records: RunRecords, starts: list[float], segments: list[list[Step
         before, after = segments[number - 1], segments[number]
         kept_through = _resumed_from(records, starts[number], bounds[number])
         cause, stopped_s, reached = _interruption(records, starts[number - 1], starts[number])
+        crash = next((e for e in records.of_kind(CRASH_KIND) if starts[number - 1] <= e.time_s < starts[number]), None)
         last_row_s = max((s.time_s or 0.0 for s in before), default=None)
         interrupted = stopped_s if stopped_s is not None else (last_row_s or starts[number - 1])
         kept = [s.time_s or 0.0 for s in before if s.step <= kept_through]
@@ -265,6 +274,7 @@ def _restarts(records: RunRecords, starts: list[float], segments: list[list[Step
                 lost_steps=max(len(lost_rows), reached - kept_through, 0),
                 lost_compute_s=max(interrupted - lost_from_s, 0.0),
                 latency_s=None if resumed is None else resumed - interrupted,
+                error=None if crash is None else crash_text(crash),
             )
         )
     return restarts
@@ -384,7 +394,7 @@ def format_report(report: RunReport) -> str:
         latency = f"{r.latency_s:.1f} s" if r.latency_s is not None else "not resumed yet"
         lines.append(
             f"  #{r.number} {r.cause:<10} lost {r.lost_steps} step(s) ({r.lost_compute_s:.1f} s) + "
-            f"restart latency {latency} = {r.lost_s:.1f} s"
+            f"restart latency {latency} = {r.lost_s:.1f} s" + (f"; {r.error}" if r.error else "")
         )
     if report.starts_to_first_step_s:
         starts = ", ".join(f"{s:.1f}" for s in report.starts_to_first_step_s)

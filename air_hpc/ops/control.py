@@ -16,7 +16,7 @@ from air_hpc.errors import UserError
 from air_hpc.health.badnodes import read_bad_nodes
 from air_hpc.observe.live import LiveView, change_key, last_event, live_panel, plain_line
 from air_hpc.observe.progress import RunProgress, run_progress
-from air_hpc.observe.records import load_records, stop_reason
+from air_hpc.observe.records import last_crash, load_records, stop_reason
 from air_hpc.ops.waiting import poll_until
 from air_hpc.ownership.attempts import reconcile
 from air_hpc.ownership.local_job import cancel_local, local_job_status
@@ -38,6 +38,8 @@ class RunStatus:
     bad_nodes: tuple[str, ...]
     stopped_because: str | None = None
     """Why the run stopped on its own instead of requeueing (a crash loop), from its events."""
+    last_crash: str | None = None
+    """The rank and exception of the run's last crashed start (``rank_failed`` event), if any."""
 
     @property
     def restarts(self) -> int:
@@ -53,6 +55,7 @@ class RunStatus:
             "progress": self.progress.to_json() if self.progress else None,
             "bad_nodes": list(self.bad_nodes),
             "stopped_because": self.stopped_because,
+            "last_crash": self.last_crash,
         }
 
 
@@ -68,7 +71,9 @@ def run_status(run_dir: RunDir, client: SlurmClient) -> RunStatus:
         job = found
     records = load_records(run_dir)
     progress = run_progress(records, time.time())
-    return RunStatus(run_dir, record, job, progress, read_bad_nodes(run_dir.bad_nodes), stop_reason(records))
+    return RunStatus(
+        run_dir, record, job, progress, read_bad_nodes(run_dir.bad_nodes), stop_reason(records), last_crash(records)
+    )
 
 
 @dataclass(frozen=True)

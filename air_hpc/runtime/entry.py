@@ -20,6 +20,7 @@ from air_hpc.digits import ascii_int
 from air_hpc.errors import AirHpcError, ConfigError
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.guard import rank_guard, record_verdict
+from air_hpc.observe.records import CRASH_KIND
 from air_hpc.ownership.attempts import fence_settled
 from air_hpc.records.events import EventLog, read_events
 from air_hpc.records.generation import generation, generation_dir
@@ -139,8 +140,8 @@ class TrainingEntry(submitit.helpers.Checkpointable):
         except AirHpcError as exc:  # already one line that says what and where
             log.error("rank %d failed: %s", env.rank, exc)
             raise
-        except Exception:
-            log.exception("rank %d failed", env.rank)
+        except BaseException as exc:  # torch's CheckpointException is a BaseException
+            _record_crash(run_dir, env, exc)
             raise
         finally:
             resume_gc()  # when the start failed before the trainer resumed it
@@ -162,6 +163,29 @@ def _stop_a_crash_loop(limit: int, run_dir: RunDir, rank: int) -> None:
         EventLog(run_dir.events).emit(CRASH_LOOP_KIND, generation=current, why=why)
     record_verdict(run_dir, os.environ, ExitCode.CRASH_LOOP)
     raise CrashLoopError(why)
+
+
+def _record_crash(run_dir: RunDir, env: DistEnv, exc: BaseException) -> None:
+    """A ``rank_failed`` event naming the exception, so ``status`` and ``report`` say why the start crashed.
+
+    torch's distributed checkpoint gathers each rank's failure into one exception (``failures``) whose
+    own text is only the list of ranks: name this rank's failure (else the first) instead.
+    """
+    if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+        return
+    log.exception("rank %d failed", env.rank)
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        cause = failures.get(env.rank, next(iter(failures.values())))  # (exception, stack summary)
+        exc = cause[0] if isinstance(cause, tuple) and cause and isinstance(cause[0], BaseException) else exc
+    first_line = next(iter(str(exc).strip().splitlines()), "")
+    error = f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__
+    try:
+        EventLog(run_dir.events).emit(
+            CRASH_KIND, rank=env.rank, node=env.hostname, generation=generation(os.environ), error=error[:500]
+        )
+    except OSError as write_error:  # the crash itself may be a full disk: the rank log has the traceback
+        log.warning("rank %d: could not record the crash in %s: %s", env.rank, run_dir.events, write_error)
 
 
 def _requeue_through_submitit(rank: int) -> None:

@@ -173,3 +173,47 @@ def test_status_shows_the_progress_bar_and_its_numbers(tmp_path: Path, capsys: p
     cli.main(args=["status", str(run_dir.path)], standalone_mode=False, obj={"slurm_client": fake})
     text = capsys.readouterr().out
     assert "RUNNING" in text and " 50%" in text and "━" in text and "ETA 0:10, restarts 1" in text
+
+
+def crashed_run(root: Path) -> RunDir:
+    """The preempted run, but its first start ended in a rank's exception (two ranks recorded it)."""
+    run_dir = preempted_run(root)
+    crash = (
+        '{"time": 1010.5, "kind": "rank_failed", "rank": 1, "node": "n2", "generation": "7-0", '
+        '"error": "CheckpointingException: Global shape mismatch for loaded (torch.Size([64, 64]))"}\n'
+        '{"time": 1010.7, "kind": "rank_failed", "rank": 0, "node": "n1", "generation": "7-0", '
+        '"error": "RuntimeError: Connection closed by peer"}\n'
+    )
+    lines = run_dir.events.read_text().splitlines(keepends=True)
+    run_dir.events.write_text(
+        "".join(line for line in lines if '"signal"' not in line).replace(
+            '\n{"time": 1030', "\n" + crash + '{"time": 1030', 1
+        )
+    )
+    return run_dir
+
+
+def test_a_crashed_start_is_named_by_its_exception_not_unknown(tmp_path: Path) -> None:
+    report = build_report(load_records(crashed_run(tmp_path)))
+    assert report is not None
+    (restart,) = report.restarts
+    assert restart.cause == "crashed" and restart.interrupted_s == 1010.5
+    assert (
+        restart.error == "rank 1 on n2: CheckpointingException: Global shape mismatch for loaded (torch.Size([64, 64]))"
+    )
+    assert "#1 crashed" in format_report(report) and "rank 1 on n2: CheckpointingException" in format_report(report)
+
+
+def test_status_names_the_last_crash(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from air_hpc.records.submissions import record_submission
+    from air_hpc.slurm.fake import FakeSlurm
+
+    run_dir = crashed_run(tmp_path)
+    fake = FakeSlurm()
+    job_id = fake.sbatch(run_dir.job_json)
+    record_submission(run_dir, job_id, "slurm")
+    fake.start(job_id, "n[1-2]")
+    cli.main(args=["status", str(run_dir.path), "--json"], standalone_mode=False, obj={"slurm_client": fake})
+    assert json.loads(capsys.readouterr().out)["last_crash"].startswith("rank 1 on n2: CheckpointingException: Global")
+    cli.main(args=["status", str(run_dir.path)], standalone_mode=False, obj={"slurm_client": fake})
+    assert "crash    rank 1 on n2: CheckpointingException: Global shape mismatch" in capsys.readouterr().out
