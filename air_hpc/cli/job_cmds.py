@@ -34,7 +34,8 @@ python_option = click.option(
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the script here instead of stdout.")
 @python_option
 def render(job_file: str, overrides: tuple[str, ...], output: str | None, python: str | None) -> None:
-    """Print the batch script for JOB_FILE. Contacts no Slurm daemon: every node counts as free."""
+    """Print the batch script for JOB_FILE (a file or a preset job's name). Contacts no Slurm daemon: every node
+    counts as free. The run directory it would use goes to stderr."""
     from air_hpc.config import load_job
     from air_hpc.launch.plan import plan
 
@@ -44,6 +45,7 @@ def render(job_file: str, overrides: tuple[str, ...], output: str | None, python
         Path(output).write_text(script)
     else:
         click.echo(script, nl=False)
+    click.echo(f"run dir {job.run.dir}", err=True)
 
 
 @click.command()
@@ -118,6 +120,7 @@ def submit(
         else:
             for note in done.plan.notes:
                 click.echo(f"note: {note}", err=True)
+            click.echo(f"run dir {done.run_dir}", err=True)
             click.echo(done.job_id)
         return
     _wait_and_summarize(done, client, as_json)

@@ -97,3 +97,7 @@ def main(argv: list[str] | None = None) -> Any:
     if isinstance(result, int) and result != 0:
         sys.exit(result)
     return result
+
+
+if __name__ == "__main__":  # ``python -m air_hpc.cli.main`` (``python -m air_hpc`` and ``air-hpc`` are the usual ways)
+    main()

@@ -3,7 +3,8 @@
 Errors name the file and line where the YAML gives one, the dotted key, and
 for unknown keys the closest valid one. A profile named in a job file is looked up
 in the ``configs/`` tree the job file sits in, then in the presets shipped with the
-package, so a job file anywhere can name them.
+package, so a job file anywhere can name them. A job given by name (``gpt-tiny-testbed``)
+is the shipped preset job of that name.
 """
 
 import difflib
@@ -25,6 +26,9 @@ from air_hpc.errors import ConfigError
 #: The shipped presets: ``air_hpc/presets`` links to ``configs/`` in a checkout and is a copy of it
 #: in a wheel; a package installed by pip always lies on disk, so this is a real directory.
 PRESETS_DIR = Path(str(resources.files("air_hpc") / "presets")).resolve()
+#: An installed package holds its own copy of the presets (a checkout links them to configs/): a relative
+#: path in them must not point into the installed package, so it is taken from the current directory.
+PRESETS_INSTALLED = not Path(str(resources.files("air_hpc") / "presets")).is_symlink()
 
 #: Job keys that may name a profile file instead of holding a mapping.
 PROFILE_KINDS = {"cluster": "clusters", "hardware": "hardware", "model": "models"}
@@ -179,7 +183,7 @@ def load_job(path: str | Path, overrides: Iterable[str] = ()) -> JobConfig:
     means the same files from any directory, and a batch script running
     elsewhere sees them too.
     """
-    job_path = Path(path)
+    job_path = job_file(path)
     source = Source()
     raw = read_yaml(job_path, source)
     parsed = [(key, override_value(key, text)) for key, text in map(parse_override, overrides)]
@@ -199,6 +203,21 @@ def load_job(path: str | Path, overrides: Iterable[str] = ()) -> JobConfig:
     return validate(raw, source, job_path)
 
 
+def job_file(path: str | Path) -> Path:
+    """The job file ``path`` names: a file, else the shipped preset job of that bare name (``gpt-tiny-testbed``)."""
+    given = Path(path)
+    if given.exists() or given.suffix or len(given.parts) != 1:
+        return given
+    preset = PRESETS_DIR / "jobs" / f"{given}.yaml"
+    if preset.is_file():
+        return preset
+    known = sorted(p.stem for p in (PRESETS_DIR / "jobs").glob("*.yaml"))
+    raise ConfigError(
+        f"{path}: no such file, nor a preset job of that name{_suggest(str(given), known)} "
+        f"(preset jobs: {', '.join(known) or 'none'})"
+    )
+
+
 def _absolutize(raw: dict[str, Any], source: Source) -> None:
     for section, key in (("run", "root"), ("data", "path"), ("cluster", "topology_file")):
         node = raw.get(section)
@@ -206,7 +225,20 @@ def _absolutize(raw: dict[str, Any], source: Source) -> None:
             dotted = f"{section}.{key}"
             written = source.lines.get(dotted)
             base = Path.cwd() if dotted in source.overridden or written is None else written[0].parent
-            node[key] = str((base / Path(node[key]).expanduser()).resolve())
+            node[key] = str(anchored(base, Path(node[key]).expanduser()))
+
+
+def anchored(base: Path, value: Path) -> Path:
+    """``value`` made absolute against ``base`` (the folder of the file that set it).
+
+    In an installed package a preset's relative paths are taken from the current directory, as they are
+    from the checkout root in a checkout (``configs/jobs/../../runs`` is the checkout's runs/ there and
+    ./runs here), so rendering or submitting a packaged preset never puts a run inside the package.
+    """
+    path = (base / value).resolve()
+    if PRESETS_INSTALLED and base.resolve().is_relative_to(PRESETS_DIR) and path.is_relative_to(PRESETS_DIR.parent):
+        return (Path.cwd() / path.relative_to(PRESETS_DIR.parent)).resolve()
+    return path
 
 
 def validate(raw: Mapping[str, Any], source: Source, job_path: Path) -> JobConfig:

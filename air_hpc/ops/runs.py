@@ -56,6 +56,9 @@ def resolve_run(target: str, root: Path | str | None = None) -> RunDir:
     base = runs_root(root)
     if path.name == target and is_run_dir(base / target):
         return RunDir(base / target)
+    preset = _preset_run(target)
+    if preset is not None:
+        return preset
     names = [r.path.name for r in find_runs(base)]
     close = difflib.get_close_matches(target, names, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -63,3 +66,14 @@ def resolve_run(target: str, root: Path | str | None = None) -> RunDir:
         f"{target}: no such run: not a run directory, a job file, or a run name under {base}{hint} "
         f"(`air-hpc runs --root DIR` lists them; ${RUNS_ROOT_ENV} sets the root)"
     )
+
+
+def _preset_run(name: str) -> RunDir | None:
+    """The run of the shipped preset job called ``name``, when it has one (its run.root may be elsewhere)."""
+    from air_hpc.config.load import PRESETS_DIR, load_job
+
+    preset = PRESETS_DIR / "jobs" / f"{name}.yaml"
+    if Path(name).name != name or not preset.is_file():
+        return None
+    run = RunDir.of(load_job(preset))
+    return run if is_run_dir(run.path) else None

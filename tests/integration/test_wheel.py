@@ -111,3 +111,15 @@ def test_installed_wheel_names_the_known_presets_for_an_unknown_one(target: Path
     assert result.stdout == "" and result.stderr.count("\n") == 1
     assert f"{job}:5: cluster profile 'testbd' not found; did you mean 'testbed'?" in result.stderr
     assert f"(available: testbed; in {target / 'air_hpc' / 'presets' / 'clusters'})" in result.stderr
+
+
+def test_installed_wheel_renders_a_preset_by_name_with_its_run_outside_the_package(
+    target: Path, tmp_path: Path
+) -> None:
+    rendered = _run([target / "bin" / "air-hpc", "render", "gpt-tiny-local"], tmp_path, target)
+    assert rendered.returncode == 0, rendered.stderr
+    assert f"#SBATCH --chdir={tmp_path / 'runs' / 'gpt-tiny-local'}\n" in rendered.stdout
+    assert str(target) not in rendered.stdout.split("--chdir=")[1].splitlines()[0]
+    assert f"run dir {tmp_path / 'runs' / 'gpt-tiny-local'}" in rendered.stderr
+    shown = _run([target / "bin" / "air-hpc", "config", "show", "gpt-tiny-local", "--json"], tmp_path, target)
+    assert json.loads(shown.stdout)["data"]["path"] == str(tmp_path / "runs" / "data" / "corpus.h5")
