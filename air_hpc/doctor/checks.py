@@ -10,6 +10,7 @@ import difflib
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from air_hpc.config.fit import partition_fit
 from air_hpc.config.models import JobConfig
 from air_hpc.errors import InputError, TopologyError
 from air_hpc.exitcodes import REQUEUE_WORTHY
@@ -179,57 +180,7 @@ def _partition_limits(job: JobConfig, part: Partition) -> list[Finding]:
 
 def _node_fit(job: JobConfig, part: Partition) -> list[Finding]:
     """Whether the partition's nodes have the CPUs, memory and GPUs one node of the job needs, and enough do."""
-    found: list[Finding] = []
-    r, hw = job.resources, job.hardware
-    name = f"partition {part.name}"
-    cpus = r.tasks_per_node * r.cpus_per_task
-    mem_mb = (r.mem_gb or 0) * 1024
-    gpus = hw.gpus_per_node if hw.device == "cuda" else 0
-    if part.max_cpus_per_node is not None and cpus > part.max_cpus_per_node:
-        found.append(
-            Finding(
-                "error",
-                "resources.cpus_per_task",
-                f"tasks_per_node {r.tasks_per_node} x cpus_per_task {r.cpus_per_task} = {cpus} CPUs per node; "
-                f"{name}'s largest node has {part.max_cpus_per_node}",
-            )
-        )
-    if mem_mb and part.max_mem_mb is not None and mem_mb > part.max_mem_mb:
-        found.append(
-            Finding(
-                "error",
-                "resources.mem_gb",
-                f"{r.mem_gb} GiB per node; {name}'s largest node has {part.max_mem_mb} MB",
-            )
-        )
-    if gpus and part.max_gpus_per_node == 0:
-        found.append(
-            Finding(
-                "error",
-                "hardware.gpus_per_node",
-                f"hardware {hw.name} uses {gpus} GPUs per node but {name} has no GPU gres "
-                "(sinfo %G shows none); pick a GPU partition",
-            )
-        )
-    elif gpus > part.max_gpus_per_node:
-        found.append(
-            Finding(
-                "error",
-                "hardware.gpus_per_node",
-                f"hardware {hw.name} uses {gpus} GPUs per node; {name}'s nodes have at most {part.max_gpus_per_node}",
-            )
-        )
-    fitting = part.nodes_with(gpus=gpus, cpus=cpus, mem_mb=mem_mb)
-    if r.nodes <= part.total_nodes and fitting < r.nodes and (gpus <= part.max_gpus_per_node):
-        found.append(
-            Finding(
-                "error",
-                "resources.nodes",
-                f"{r.nodes} nodes wanted but only {fitting} of {name}'s {part.total_nodes} have "
-                f"{gpus} GPUs, {cpus} CPUs and {mem_mb} MB",
-            )
-        )
-    return found
+    return [Finding("error", misfit.key, misfit.message) for misfit in partition_fit(job, part)]
 
 
 def _cluster_wide(job: JobConfig, facts: ClusterFacts) -> list[Finding]:

@@ -8,6 +8,7 @@ state) and renders the result.
 """
 
 import contextlib
+import logging
 import tempfile
 from collections.abc import Sequence, Set
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import hostlist
 
+from air_hpc.config.fit import Misfit, job_partition, partition_fit
 from air_hpc.config.models import JobConfig
 from air_hpc.errors import ConfigError, SlurmError, SlurmUnreachableError
 from air_hpc.health.badnodes import read_bad_nodes
@@ -24,8 +26,11 @@ from air_hpc.render import SbatchSpec, build_spec, render_script
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.jobs import TestOnlyResult
 from air_hpc.slurm.nodes import fetch_node_states
+from air_hpc.slurm.survey import partitions_with_nodes
 from air_hpc.topology import files
 from air_hpc.topology.request import NodeRequest, check_cluster_size, count_only, request_nodes
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -107,12 +112,33 @@ def _test_only(
         except SlurmError as exc:
             waiting = waiting_for_nodes(job, request, client) if "not available" in str(exc) else None
             if waiting is None:
+                misfits = partition_misfits(job, client)
+                if misfits:
+                    words = "\n".join(map(str, misfits))
+                    raise ConfigError(f"{words}\nsbatch --test-only refused the job: {_slurm_words(exc)}") from None
                 raise
             notes.append(
                 f"sbatch --test-only: cannot start now; submitting anyway, the job waits in the queue "
                 f"(ReqNodeNotAvail) until {waiting} (see `sinfo -R`)"
             )
     return None
+
+
+def _slurm_words(exc: Exception) -> str:
+    """Slurm's own reason, without our command line (``... failed (exit 1): sbatch: error: REASON``)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    last = lines[-1] if lines else type(exc).__name__
+    return last.rpartition("error: ")[2] or last
+
+
+def partition_misfits(job: JobConfig, client: SlurmClient) -> list[Misfit]:
+    """Why the job's partition cannot hold it, in ``doctor``'s words (empty when that does not explain a refusal)."""
+    try:
+        part = job_partition(job, partitions_with_nodes(client))
+    except SlurmError as exc:
+        log.info("partitions not read to explain the refusal: %s", exc)
+        return []
+    return [] if part is None else partition_fit(job, part)
 
 
 def waiting_for_nodes(job: JobConfig, request: NodeRequest, client: SlurmClient) -> str | None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from air_hpc.slurm import hostlist
 from air_hpc.slurm.client import SlurmClient
+from air_hpc.slurm.cluster import parse_partitions, parse_sinfo_groups
 from air_hpc.slurm.jobs import JobState
 from air_hpc.slurm.nodes import scontrol_state_available
 
@@ -23,6 +24,8 @@ UNREACHABLE = "{cmd}: error: Unable to contact slurm controller (connect failure
 INVALID_JOB = "slurm_load_jobs error: Invalid job id specified"
 #: What slurmctld 22.05 answers ``sbatch --test-only`` when the nodes it needs are drained or down (or missing).
 NODES_UNAVAILABLE = "allocation failure: Requested node configuration is not available"
+#: What slurmctld answers a GPU request on a partition whose nodes have no GPU gres.
+GRES_INVALID = "sbatch: error: Batch job submission failed: Invalid generic resource (gres) specification"
 
 
 @dataclass
@@ -161,6 +164,8 @@ class FakeSlurm(SlurmClient):
         opts = _directives(script)
         opts.update(_directives("#!/bin/sh\n" + "".join(f"#SBATCH {shlex.quote(a)}\n" for a in args[1:-1])))
         nodes = int(opts.get("nodes", "1"))
+        if self._no_such_gres(opts):
+            return self._done(args, 1, err=GRES_INVALID)
         if "--test-only" in args:
             if not self._could_start_now(nodes, opts.get("nodelist")):
                 return self._done(args, 1, err=NODES_UNAVAILABLE)
@@ -178,6 +183,15 @@ class FakeSlurm(SlurmClient):
         if self.lose_sbatch_reply:
             return self._done(args, 1, err="sbatch: error: Batch job submission failed: Socket timed out on send/recv")
         return self._done(args, out=f"{job_id}\n")
+
+    def _no_such_gres(self, opts: dict[str, str]) -> bool:
+        """GPUs asked of a partition without GPU gres (known only when the fake has cluster text)."""
+        if self.cluster is None or not (opts.get("gpus-per-node") or opts.get("gres")):
+            return False
+        parts = parse_partitions(self.cluster.partitions)
+        wanted = opts.get("partition") or next((p.name for p in parts if p.default), "")
+        groups = parse_sinfo_groups(self.cluster.sinfo).get(wanted, ())
+        return not any(group.gpus for group in groups)
 
     def _could_start_now(self, nodes: int, nodelist: str | None) -> bool:
         """Like slurmctld's test-only: every pinned node, and enough nodes, available now (no nodes known: yes)."""
@@ -263,6 +277,8 @@ class FakeSlurm(SlurmClient):
         cluster_queries = {"config": "config", "partition": "partitions", "topology": "topology"}
         if words[:1] == ["show"] and words[1] in cluster_queries and self.cluster is not None:
             return self._done(args, out=getattr(self.cluster, cluster_queries[words[1]]))
+        if words[:2] == ["show", "partition"]:  # no cluster text: a controller without partitions
+            return self._done(args, out="No partitions in the system\n")
         if words[:1] == ["requeue"]:
             self.requeue(words[1])
             return self._done(args)
@@ -282,9 +298,9 @@ class FakeSlurm(SlurmClient):
         return self._done(args)
 
     def _sinfo(self, args: list[str]) -> subprocess.CompletedProcess[str]:
-        if self.cluster is None or self._option(args, "format") != "%R|%D|%c|%m|%G":
+        if self._option(args, "format") != "%R|%D|%c|%m|%G":
             raise NotImplementedError(f"fake sinfo: {shlex.join(args)}")
-        return self._done(args, out=self.cluster.sinfo)
+        return self._done(args, out="" if self.cluster is None else self.cluster.sinfo)
 
     def _sacctmgr(self, args: list[str]) -> subprocess.CompletedProcess[str]:
         if self.cluster is None or self.cluster.default_account is None:

@@ -17,6 +17,7 @@ from air_hpc.slurm.cluster import (
     TOPOLOGY_ARGS,
     Accounting,
     ClusterFacts,
+    Partition,
     SlurmSettings,
     TopologyInfo,
     parse_accounts,
@@ -76,11 +77,16 @@ def _probe_topology(client: SlurmClient, settings: SlurmSettings) -> TopologyInf
     return TopologyInfo(plugin, readable, leaves, switches, detail)
 
 
+def partitions_with_nodes(client: SlurmClient) -> tuple[Partition, ...]:
+    """Every partition with the kinds of nodes it holds (CPUs, memory, GPU gres: ``sinfo``)."""
+    groups = parse_sinfo_groups(client.run(list(SINFO_ARGS)).stdout)
+    return tuple(replace(p, groups=groups.get(p.name, ())) for p in client.partitions())
+
+
 def probe_cluster(client: SlurmClient, user: str) -> ClusterFacts:
     """Ask the controller what it offers; read-only. Unreachable controller -> :class:`SlurmUnreachableError`."""
     settings = parse_show_config(client.run(list(CONFIG_ARGS)).stdout)
-    groups = parse_sinfo_groups(client.run(list(SINFO_ARGS)).stdout)
-    partitions = tuple(replace(p, groups=groups.get(p.name, ())) for p in client.partitions())
+    partitions = partitions_with_nodes(client)
     return ClusterFacts(
         settings=settings,
         partitions=partitions,

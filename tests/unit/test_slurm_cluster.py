@@ -8,7 +8,7 @@ import pytest
 from air_hpc.cli.main import cli, main
 from air_hpc.config import load_job
 from air_hpc.doctor.checks import cluster_findings, job_findings
-from air_hpc.errors import SlurmError
+from air_hpc.errors import ConfigError, SlurmError
 from air_hpc.slurm.cluster import (
     gpus_in_gres,
     parse_minutes,
@@ -374,3 +374,24 @@ def test_cluster_init_into_an_unwritable_place_is_a_user_error(tmp_path: Path) -
     result = CliRunner().invoke(cli, ["cluster", "init", "x", "-o", str(target)], obj={"slurm_client": fake})
     assert isinstance(result.exception, UserError) and result.exception.exit_code == 2
     assert str(result.exception).startswith(f"{target}: cannot write: ")
+
+
+def test_dry_run_of_a_gpu_job_on_a_cpu_partition_says_what_doctor_says(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], small_corpus: Path
+) -> None:
+    """Slurm's "Invalid generic resource (gres) specification" becomes doctor's finding, exit 2 (issue 24 item 6)."""
+    fake = FakeSlurm(cluster=recorded("testbed"))
+    sets = [f"run.root={tmp_path}", f"data.path={small_corpus}", "placement.topology_aware=false", *GPU_JOB]
+    args = ["submit", str(TESTBED_JOB), *(a for s in sets for a in ("--set", s)), "--dry-run"]
+    with pytest.raises(ConfigError) as refused:
+        cli.main(args=args, standalone_mode=False, obj={"slurm_client": fake})
+    assert refused.value.exit_code == 2
+    lines = str(refused.value).splitlines()
+    doctor_words = "hardware h100-sxm uses 8 GPUs per node but partition batch has no GPU gres"
+    assert f"hardware.gpus_per_node: {doctor_words} (sinfo %G shows none); pick a GPU partition" in lines
+    assert lines[0].startswith("resources.cpus_per_task: tasks_per_node 8 x cpus_per_task 1 = 8 CPUs per node")
+    assert lines[-1] == (
+        "sbatch --test-only refused the job: Batch job submission failed: Invalid generic resource (gres) specification"
+    )
+    doctor = cli.main(args=["doctor", *args[1:-1]], standalone_mode=False, obj={"slurm_client": fake})
+    assert doctor == 1 and doctor_words in capsys.readouterr().out
