@@ -270,7 +270,12 @@ def status(target: str | None, watch: bool, as_json: bool) -> None:
 @click.command()
 @run_argument
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the job ends.")
-@click.option("--rank", type=click.IntRange(min=0), help="Only this rank's output (its log and what it printed).")
+@click.option(
+    "--rank",
+    type=click.IntRange(min=0),
+    help="Only this rank's output (its log and what it printed). The step lines with the loss are in the "
+    "last pipeline stage's logs: its ranks are the last WORLD/PP (2 and 3 of TP2xPP2 on 4 ranks).",
+)
 @click.option("--grep", "pattern", metavar="REGEX", help="Only lines matching this regular expression.")
 @json_option
 def logs(run: str, follow: bool, rank: int | None, pattern: str | None, as_json: bool) -> None:

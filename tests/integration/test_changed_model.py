@@ -18,7 +18,7 @@ from air_hpc.records.events import read_events
 from air_hpc.resilience.store import CheckpointStore
 from tests.integration.local_run import submit_local
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 
