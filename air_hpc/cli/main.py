@@ -7,6 +7,7 @@ Megatron. Library code raises :class:`~air_hpc.errors.AirHpcError`; only
 
 import importlib
 import logging
+import os
 import sys
 from typing import Any
 
@@ -61,6 +62,10 @@ def cli(verbose: int) -> None:
     """Topology-aware, preemption-proof Megatron-core training on Slurm."""
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if verbose:  # the jobs it submits inherit the environment: their ranks keep every import-time warning too
+        from air_hpc.train.metrics import VERBOSE_ENV
+
+        os.environ[VERBOSE_ENV] = str(verbose)
 
 
 def _fail(message: str, exit_code: int) -> None:

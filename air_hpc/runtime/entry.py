@@ -103,7 +103,8 @@ class TrainingEntry(submitit.helpers.Checkpointable):
         trainer.validate(job)
         env = current_dist_env(os.environ)
         stop.announce_armed(generation_dir(run_dir, generation(os.environ)), env.rank, job.resilience.signal)
-        metrics.warn_once_per_job(env.rank, SlurmEnv.from_environ(os.environ).restart_count)
+        restarts = SlurmEnv.from_environ(os.environ).restart_count
+        metrics.warn_once_per_job(env.rank, restarts, on_cpu=job.hardware.device == "cpu", environ=os.environ)
         _stop_a_crash_loop(job.resilience.max_no_progress_restarts, run_dir, env.rank)
         handler = metrics.setup_rank_logging(run_dir.rank_log(env.rank), env.rank)
         pause_gc()  # under submitit or a test (``__main__`` paused it already); the trainer resumes it after the build

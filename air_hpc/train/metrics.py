@@ -8,6 +8,7 @@ import json
 import logging
 import time
 import warnings
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
@@ -123,12 +124,19 @@ def step_line(
 
 
 #: Warnings every rank prints alike when Megatron is imported without Transformer Engine or Apex.
-SAME_ON_EVERY_RANK = (r"Transformer Engine (and Apex )?(is|are) not installed",)
+SAME_ON_EVERY_RANK = (r"Transformer Engine (and Apex )?(is|are) not installed", r"Apex is not installed")
+#: Set (by ``air-hpc -v``, or by hand in the job's environment) to keep every import-time warning on every rank.
+VERBOSE_ENV = "AIR_HPC_VERBOSE"
 
 
-def warn_once_per_job(rank: int, restart: int) -> None:
-    """Keep import-time warnings every rank would repeat to rank 0 of the first start; call before Megatron's import."""
-    if rank == 0 and restart == 0:
+def warn_once_per_job(rank: int, restart: int, on_cpu: bool = False, environ: Mapping[str, str] | None = None) -> None:
+    """Quiet Megatron's import-time warnings about missing Transformer Engine / Apex; call before Megatron's import.
+
+    On CPU hardware they do not apply (both are CUDA libraries): silenced on every rank. On GPUs they are
+    kept to rank 0 of the first start, not repeated by every rank at every start. ``AIR_HPC_VERBOSE`` set in
+    ``environ`` (the job's) keeps them all.
+    """
+    if (environ or {}).get(VERBOSE_ENV) or (rank == 0 and restart == 0 and not on_cpu):
         return
     for pattern in SAME_ON_EVERY_RANK:
         warnings.filterwarnings("ignore", message=pattern, category=UserWarning)

@@ -83,6 +83,40 @@ def test_the_missing_te_warning_once_per_job(rank: int, restart: int, shown: boo
     assert [str(w.message)[:11] for w in caught] == ["Transformer", "something e"][0 if shown else 1 :]
 
 
+@pytest.mark.parametrize(
+    ("rank", "on_cpu", "verbose", "shown"),
+    [(0, True, False, False), (2, True, False, False), (0, False, False, True), (1, True, True, True)],
+)
+def test_missing_te_and_apex_warnings_do_not_apply_on_cpu(rank: int, on_cpu: bool, verbose: bool, shown: bool) -> None:
+    """Issue 24 item 8: on CPU hardware no rank prints them (-v keeps them); on GPUs rank 0 of the first start does."""
+    import warnings
+
+    from air_hpc.train.metrics import VERBOSE_ENV, warn_once_per_job
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn_once_per_job(rank, 0, on_cpu=on_cpu, environ={VERBOSE_ENV: "1"} if verbose else {})
+        warnings.warn("Apex is not installed. Falling back to Torch Norm", stacklevel=1)
+        warnings.warn("Transformer Engine and Apex are not installed. Falling back to Torch optimizers.", stacklevel=1)
+    assert len(caught) == (2 if shown else 0)
+
+
+@pytest.mark.slow  # imports Megatron in a fresh interpreter
+def test_megatrons_own_te_and_apex_warnings_are_silenced_on_cpu() -> None:
+    """Megatron's real imports (the optimizer and the model specs), so the patterns keep matching its text."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import warnings; warnings.simplefilter('default')\n"
+        "from air_hpc.train.metrics import warn_once_per_job; warn_once_per_job(0, 0, on_cpu=True)\n"
+        "import megatron.core.optimizer, megatron.core.models.gpt.gpt_layer_specs\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "not installed" not in result.stderr, result.stderr
+
+
 @pytest.mark.slow  # builds a Megatron model in a fresh interpreter
 def test_megatrons_own_missing_te_warning_is_silenced_on_rank_1() -> None:
     """Megatron's real import, so the pattern keeps matching the text it prints."""
@@ -97,3 +131,21 @@ def test_megatrons_own_missing_te_warning_is_silenced_on_rank_1() -> None:
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "Transformer Engine and Apex are not installed" not in result.stderr, result.stderr
+
+
+def test_minus_v_keeps_the_warnings_in_the_jobs_it_submits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``air-hpc -v`` puts AIR_HPC_VERBOSE in the environment its jobs inherit (sbatch and submitit export it)."""
+    import os
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from air_hpc.cli.main import cli
+    from air_hpc.train.metrics import VERBOSE_ENV
+
+    monkeypatch.setenv(VERBOSE_ENV, "")
+    job = Path(__file__).resolve().parents[2] / "configs" / "jobs" / "gpt-tiny-testbed.yaml"
+    assert CliRunner().invoke(cli, ["config", "show", str(job)]).exit_code == 0
+    assert os.environ[VERBOSE_ENV] == ""
+    assert CliRunner().invoke(cli, ["-v", "config", "show", str(job)]).exit_code == 0
+    assert os.environ[VERBOSE_ENV] == "1"
