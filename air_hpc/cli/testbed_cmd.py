@@ -44,7 +44,20 @@ def testbed() -> None:
     is_flag=True,
     help="Preemption sends the job's --signal instead of SIGTERM (SlurmctldParameters=preempt_send_user_signal).",
 )
-def up(state_dir: Path, leaves: str, preempt_grace_s: int, preempt_send_user_signal: bool) -> None:
+@click.option(
+    "--slurm-prefix",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Run this Slurm build (scripts/slurm-build.sh SOURCE PREFIX) instead of the system's: its daemons, "
+    "and its commands for everything run against the testbed.",
+)
+def up(
+    state_dir: Path,
+    leaves: str,
+    preempt_grace_s: int,
+    preempt_send_user_signal: bool,
+    slurm_prefix: Path | None,
+) -> None:
     """Start the testbed (safe to run twice) and wait until every node is idle.
 
     On a partly running testbed only the daemons that are down start again; running jobs are left alone.
@@ -52,9 +65,11 @@ def up(state_dir: Path, leaves: str, preempt_grace_s: int, preempt_send_user_sig
     Two partitions share the nodes: `batch` (the default) and `urgent`, whose jobs preempt `batch` jobs.
     """
     settings = Settings(preempt_grace_s=preempt_grace_s, preempt_send_user_signal=preempt_send_user_signal)
-    status = Testbed(state_dir).up(parse_leaves(leaves), settings=settings)
+    bed = Testbed(state_dir)
+    status = bed.up(parse_leaves(leaves), settings=settings, slurm_prefix=slurm_prefix)
     _print_status(status)
-    click.echo(f"export SLURM_CONF={shlex.quote(status['slurm_conf'])}")
+    for key, value in sorted(bed.env.items()):
+        click.echo(f"export {key}={shlex.quote(value)}")
 
 
 @testbed.command()
@@ -90,7 +105,10 @@ def _print_status(info: dict[str, Any]) -> None:
     if not info["up"]:
         console.print(f"testbed in {info['state_dir']} is [bold red]down[/]")
         return
-    table = Table(title=f"testbed {info['state_dir']}")
+    slurm = f"Slurm {info.get('slurm_version') or '?'}"
+    if info.get("slurm_prefix"):
+        slurm += f" from {info['slurm_prefix']}"
+    table = Table(title=f"testbed {info['state_dir']} ({slurm})")
     table.add_column("node")
     table.add_column("state")
     for node, state in info["nodes"].items():

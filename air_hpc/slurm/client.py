@@ -128,8 +128,13 @@ class SlurmClient:
         retries: int = 3,
         backoff_s: float = 1.0,
         deadline_s: float | None = None,
+        bin_dir: Path | None = None,
     ) -> None:
+        """``bin_dir``: where Slurm's commands are (a build's ``PREFIX/bin``); it goes first on the commands'
+        ``PATH``, which both picks the executables and is what jobs submitted through this client inherit."""
         self.env = {**os.environ, **(env or {})}
+        if bin_dir is not None:
+            self.env["PATH"] = os.pathsep.join(filter(None, [str(bin_dir), self.env.get("PATH", "")]))
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s

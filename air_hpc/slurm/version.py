@@ -31,3 +31,16 @@ def parse_version(text: str, source: str = "scontrol --version") -> SlurmVersion
     if match is None:
         raise SlurmError(f"{source}: cannot read a Slurm version from {first!r}; expected e.g. 'slurm 25.05.8'")
     return SlurmVersion(*(int(part) for part in match.groups()))
+
+
+#: The releases air-hpc knows (SchedMD's May and November releases from 22.05 on, and 23.02): anything else
+#: is refused where a version is chosen (``testbed up --slurm-prefix``) rather than guessed at.
+KNOWN_RELEASES = tuple(
+    SlurmVersion(major, minor)
+    for major, minor in ((22, 5), (23, 2), (23, 11), (24, 5), (24, 11), (25, 5), (25, 11), (26, 5))
+)
+
+
+def is_known(version: SlurmVersion) -> bool:
+    """Whether the release (its major.minor; any micro) is one of :data:`KNOWN_RELEASES`."""
+    return SlurmVersion(version.major, version.minor) in KNOWN_RELEASES

@@ -27,6 +27,7 @@ from air_hpc.slurm import hostlist
 from air_hpc.slurm.client import ONCE, SlurmClient
 from air_hpc.testbed.conf import cloud_slurm_conf
 from air_hpc.testbed.ports import free_ports
+from air_hpc.testbed.prefix import SlurmBuild
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +44,19 @@ class CloudController:
         workdir: Path,
         ctld_host: str | None = None,
         extra_conf: Sequence[str] = (),
+        build: SlurmBuild | None = None,
     ) -> None:
+        """``build``: the Slurm build whose slurmctld and commands to run (None: the system's)."""
         self.workdir = workdir
+        self.build = build
         self.extra_conf = tuple(extra_conf)
         self.nodes = tuple(nodes)
         self.topology_text = topology_text
         self.ctld_host = ctld_host or socket.gethostname()
         self.conf = workdir / "slurm.conf"
-        self.client = SlurmClient(env={"SLURM_CONF": str(self.conf)}, timeout_s=60.0, retries=0)
+        self.client = SlurmClient(
+            env={"SLURM_CONF": str(self.conf)}, timeout_s=60.0, retries=0, bin_dir=build.bin_dir if build else None
+        )
         self._proc: subprocess.Popen[bytes] | None = None
         self._drained: set[str] = set()
 
@@ -70,7 +76,10 @@ class CloudController:
         (self.workdir / "topology.conf").write_text(self.topology_text)
         out = (self.workdir / "slurmctld.out").open("wb")
         self._proc = subprocess.Popen(
-            ["slurmctld", "-D", "-i", "-f", str(self.conf)], stdout=out, stderr=subprocess.STDOUT, env=self.client.env
+            [self.build.daemon("slurmctld") if self.build else "slurmctld", "-D", "-i", "-f", str(self.conf)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=self.client.env,
         )
         out.close()
         deadline = time.monotonic() + timeout_s

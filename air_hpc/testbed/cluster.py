@@ -25,9 +25,11 @@ import psutil
 from air_hpc.errors import SlurmError, TestbedError
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.nodes import fetch_sinfo_states
+from air_hpc.slurm.version import parse_version
 from air_hpc.testbed import conf
 from air_hpc.testbed.conf import Layout, Ports, Settings
 from air_hpc.testbed.ports import free_ports
+from air_hpc.testbed.prefix import SlurmBuild, check_prefix, daemon_version
 from air_hpc.topology import treeconf
 from air_hpc.topology.synthetic import fat_tree
 
@@ -37,6 +39,9 @@ CLUSTER_NAME = "airtb"
 DEFAULT_LEAVES = (2, 4, 2)
 #: Node states of a node in service (sinfo's long names, without flags such as ``*``, not responding).
 IN_SERVICE = frozenset({"idle", "allocated", "mixed", "completing"})
+
+#: Binaries a Slurm build (``--slurm-prefix``) provides instead of Debian's packages.
+SLURM_BINARIES = frozenset({"slurmdbd", "slurmctld", "slurmd", "sinfo", "scontrol"})
 
 #: binary -> Debian package that provides it, for the "please install" message.
 REQUIRED_BINARIES = {
@@ -75,11 +80,27 @@ def default_state_dir() -> Path:
     return Path(base) / "air-hpc" / "testbed"
 
 
-def missing_packages(search_path: str | None = None) -> list[str]:
-    """Debian packages whose daemons or tools are not on the search path (PATH plus the sbin dirs)."""
+def missing_packages(search_path: str | None = None, slurm_from_build: bool = False) -> list[str]:
+    """Debian packages whose daemons or tools are not on the search path (PATH plus the sbin dirs).
+
+    ``slurm_from_build``: Slurm's own binaries come from a checked build, so only munge, MariaDB and util-linux count.
+    """
     if search_path is None:
         search_path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
-    return sorted({pkg for binary, pkg in REQUIRED_BINARIES.items() if not shutil.which(binary, path=search_path)})
+    needed = {b: p for b, p in REQUIRED_BINARIES.items() if not (slurm_from_build and b in SLURM_BINARIES)}
+    return sorted({pkg for binary, pkg in needed.items() if not shutil.which(binary, path=search_path)})
+
+
+def _system_daemon(name: str) -> str:
+    """Where the system's daemon is (Debian puts them in /usr/sbin, often not on a user's PATH)."""
+    return shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])) or name
+
+
+def _build_of(state: dict[str, Any] | None) -> SlurmBuild | None:
+    """The Slurm build a testbed's state names (checked when it came up), or None for the system's Slurm."""
+    if not state or not state.get("slurm_prefix"):
+        return None
+    return SlurmBuild(Path(state["slurm_prefix"]), parse_version(f"slurm {state['slurm_version']}", "testbed state"))
 
 
 class Testbed:
@@ -91,21 +112,39 @@ class Testbed:
     # ---- public operations -------------------------------------------------
 
     @property
+    def build(self) -> SlurmBuild | None:
+        """The Slurm build this testbed runs (``up --slurm-prefix``); None: the system's Slurm."""
+        return _build_of(self._read_state())
+
+    @property
     def env(self) -> dict[str, str]:
-        return {"SLURM_CONF": str(self.layout.slurm_conf)}
+        """What a shell (``testbed env``) or a client needs to use this testbed: its slurm.conf, and with a
+        build its commands first on ``PATH``."""
+        build = self.build
+        env = {"SLURM_CONF": str(self.layout.slurm_conf)}
+        if build is not None:
+            env["PATH"] = build.search_path(os.environ.get("PATH", ""))
+        return env
 
     def client(self, **kwargs: Any) -> SlurmClient:
-        return SlurmClient(env=self.env, **kwargs)
+        build = self.build
+        return SlurmClient(env=self.env, bin_dir=build.bin_dir if build else None, **kwargs)
 
     def up(
-        self, leaves: Sequence[int] = DEFAULT_LEAVES, timeout_s: float = 90.0, settings: Settings | None = None
+        self,
+        leaves: Sequence[int] = DEFAULT_LEAVES,
+        timeout_s: float = 90.0,
+        settings: Settings | None = None,
+        slurm_prefix: Path | None = None,
     ) -> dict[str, Any]:
         """Start the testbed and wait until every node is idle; on one that runs, start only what is down.
 
         A partly running testbed keeps its live daemons and its jobs: the dead daemons start again on
         their recorded ports and ``up`` waits until every node is back in service. Nothing is cancelled.
+        ``slurm_prefix``: run that Slurm build's daemons and commands, not the system's.
         """
         settings = settings or Settings()
+        build = check_prefix(slurm_prefix) if slurm_prefix is not None else None
         leaves = tuple(leaves)
         if not leaves or any(n < 1 for n in leaves):
             raise TestbedError(f"--leaves {','.join(map(str, leaves))}: expected node counts >= 1, e.g. 2,4,2")
@@ -113,24 +152,24 @@ class Testbed:
             raise TestbedError(f"testbed.preempt_grace_s: {settings.preempt_grace_s} must be >= 0 seconds")
         state = self._read_state()
         if state and self._all_alive(state):
-            self._check_same_shape(state, leaves, settings)
+            self._check_same_shape(state, leaves, settings, build)
             log.info("testbed already up in %s", self.layout.root)
             return self.status()
         if state:
-            self._check_same_shape(state, leaves, settings)
+            self._check_same_shape(state, leaves, settings, build)
             return self._restart_down(state, timeout_s)
         self._stop_node_processes()  # job steps a crashed testbed (or an older down) left behind
-        missing = missing_packages()
+        missing = missing_packages(slurm_from_build=build is not None)
         if missing:
             raise TestbedError(
                 "the testbed needs Debian packages that are not installed: "
                 f"apt-get install --no-install-recommends {' '.join(missing)}"
             )
         try:
-            self._start(leaves, timeout_s, settings)
+            self._start(leaves, timeout_s, settings, build)
         except TestbedError as exc:
             log.warning("testbed start failed (%s); retrying once on fresh ports", exc)
-            self._start(leaves, timeout_s, settings)
+            self._start(leaves, timeout_s, settings, build)
         return self.status()
 
     def down(self, timeout_s: float = 30.0) -> list[Daemon]:
@@ -203,6 +242,8 @@ class Testbed:
         return {
             "state_dir": str(self.layout.root),
             "up": all(d["alive"] for d in daemons.values()),
+            "slurm_version": state.get("slurm_version"),
+            "slurm_prefix": state.get("slurm_prefix"),
             "slurm_conf": str(self.layout.slurm_conf),
             "topology_conf": str(self.layout.topology_conf),
             "leaves": state["leaves"],
@@ -214,7 +255,7 @@ class Testbed:
 
     # ---- start-up ------------------------------------------------------------
 
-    def _start(self, leaves: tuple[int, ...], timeout_s: float, settings: Settings) -> None:
+    def _start(self, leaves: tuple[int, ...], timeout_s: float, settings: Settings, build: SlurmBuild | None) -> None:
         lay = self.layout
         fabric = fat_tree(leaves)
         nodes = list(fabric.nodes)
@@ -235,6 +276,8 @@ class Testbed:
             "settings": asdict(settings),
             "nodes": nodes,
             "ports": asdict(ports),
+            "slurm_prefix": str(build.prefix) if build else None,
+            "slurm_version": str(build.version if build else daemon_version(_system_daemon("slurmctld"))),
             "daemons": [],
         }
         deadline = time.monotonic() + timeout_s
@@ -252,22 +295,24 @@ class Testbed:
     def _launch(self, state: dict[str, Any], name: str, ports: Ports, deadline: float) -> None:
         """Start one daemon of the testbed on its port and wait until it listens (slurmd: registers later)."""
         lay = self.layout
+        build = _build_of(state)
+        daemon = build.daemon if build else str
         if name == "munged":
             self._start_munge(state)
         elif name == "mariadbd":
             self._start_mariadb(state, ports, deadline)
         elif name == "slurmdbd":
-            self._start_daemon(state, "slurmdbd", ["slurmdbd", "-D"], env={"SLURM_CONF": str(lay.slurm_conf)})
+            self._start_daemon(state, "slurmdbd", [daemon("slurmdbd"), "-D"], env={"SLURM_CONF": str(lay.slurm_conf)})
             _wait_port(ports.slurmdbd, deadline, "slurmdbd", lay.log / "slurmdbd.log")
         elif name == "slurmctld":
-            self._start_daemon(state, "slurmctld", ["slurmctld", "-D", "-i", "-f", str(lay.slurm_conf)])
+            self._start_daemon(state, "slurmctld", [daemon("slurmctld"), "-D", "-i", "-f", str(lay.slurm_conf)])
             _wait_port(ports.slurmctld, deadline, "slurmctld", lay.log / "slurmctld.log")
         else:
             node = name.removeprefix("slurmd-")
             (lay.spool / node).mkdir(exist_ok=True)
             # The private mount namespace gets a hosts file naming every node, so the node's
             # own hostname and its peers (MASTER_ADDR inside jobs) resolve to loopback.
-            self._start_daemon(state, name, self._slurmd_argv(node))
+            self._start_daemon(state, name, self._slurmd_argv(node, daemon("slurmd")))
 
     def _restart_down(self, state: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         """Start again, on their recorded ports and configuration, only the daemons that are down.
@@ -287,11 +332,20 @@ class Testbed:
         self._wait_nodes(state, deadline, in_service=True)
         return self.status()
 
-    def _check_same_shape(self, state: dict[str, Any], leaves: tuple[int, ...], settings: Settings) -> None:
+    def _check_same_shape(
+        self, state: dict[str, Any], leaves: tuple[int, ...], settings: Settings, build: SlurmBuild | None
+    ) -> None:
         if tuple(state["leaves"]) != leaves:
             raise TestbedError(
                 f"testbed in {self.layout.root} is already up with leaves "
                 f"{','.join(map(str, state['leaves']))}; run `air-hpc testbed down` first"
+            )
+        running = _build_of(state)
+        if running != build:
+            raise TestbedError(
+                f"testbed in {self.layout.root} is already up with "
+                f"{f'Slurm {running.version} from {running.prefix}' if running else 'the system Slurm'}; "
+                "run `air-hpc testbed down` first"
             )
         if state.get("settings", asdict(Settings())) != asdict(settings):
             raise TestbedError(
@@ -299,7 +353,7 @@ class Testbed:
                 "run `air-hpc testbed down` first"
             )
 
-    def _slurmd_argv(self, name: str) -> list[str]:
+    def _slurmd_argv(self, name: str, slurmd: str) -> list[str]:
         lay = self.layout
         return [
             "unshare",
@@ -312,7 +366,7 @@ class Testbed:
             "sh",
             name,
             str(lay.hosts),
-            "slurmd",
+            slurmd,
             "-D",
             "-N",
             name,
@@ -344,7 +398,10 @@ class Testbed:
         if not state:
             raise TestbedError(f"no testbed in {self.layout.root}")
         if self._node_daemon(name).process() is None:
-            self._start_daemon(state, f"slurmd-{name}", self._slurmd_argv(name))
+            build = _build_of(state)
+            self._start_daemon(
+                state, f"slurmd-{name}", self._slurmd_argv(name, build.daemon("slurmd") if build else "slurmd")
+            )
         deadline = time.monotonic() + timeout_s
         client = self.client(retries=0, timeout_s=5)
         while time.monotonic() < deadline:

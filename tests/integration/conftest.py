@@ -1,4 +1,7 @@
-"""One real Slurm testbed for the whole session (nodes n1..n8 on leaves 2,4,2)."""
+"""One real Slurm testbed for the whole session (nodes n1..n8 on leaves 2,4,2).
+
+Debian's Slurm by default; ``AIR_HPC_SLURM_PREFIX=PREFIX`` runs a build of another release instead.
+"""
 
 import os
 import time
@@ -10,6 +13,7 @@ import pytest
 
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.testbed import Testbed
+from tests.integration.matrix import matrix_build
 
 
 @dataclass
@@ -39,7 +43,8 @@ class RunningTestbed:
 def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningTestbed]:
     state_dir = Path(os.environ.get("AIR_HPC_TEST_STATE_DIR") or tmp_path_factory.mktemp("testbed"))
     bed = Testbed(state_dir)
-    status = bed.up((2, 4, 2))
+    build = matrix_build()
+    status = bed.up((2, 4, 2), slurm_prefix=build.prefix if build else None)
     try:
         yield RunningTestbed(
             state_dir=bed.layout.root,

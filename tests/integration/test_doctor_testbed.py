@@ -16,6 +16,7 @@ from air_hpc.cli.main import cli
 from air_hpc.config import load_job
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.testbed.cloud import CloudController
+from tests.integration.matrix import matrix_build
 
 pytestmark = pytest.mark.integration
 
@@ -87,7 +88,8 @@ def test_cluster_init_on_the_testbed_drafts_a_profile_a_job_can_use(testbed: Any
 
 def test_doctor_reads_preemption_and_gres_from_a_real_controller(tmp_path: Path) -> None:
     topology = "SwitchName=s1 Nodes=c[1-4]\nSwitchName=s2 Nodes=g[1-4]\nSwitchName=top Switches=s[1-2]\n"
-    with CloudController(topology, [f"c{i}" for i in range(1, 5)], tmp_path, extra_conf=GPU_CONF) as ctl:
+    nodes = [f"c{i}" for i in range(1, 5)]
+    with CloudController(topology, nodes, tmp_path, extra_conf=GPU_CONF, build=matrix_build()) as ctl:
         code, out = invoke(["doctor", "--json"], ctl.client)
         assert code == 0, out
         slurm = json.loads(out)["cluster"]["slurm"]

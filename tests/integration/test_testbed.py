@@ -10,6 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from air_hpc.errors import TestbedError
 from air_hpc.slurm.client import ONCE
 from air_hpc.slurm.jobs import JobState
 from air_hpc.testbed import Testbed
@@ -31,8 +32,13 @@ def test_up_brings_eight_idle_nodes(testbed) -> None:
 
 def test_up_twice_is_safe(testbed) -> None:
     before = testbed.testbed.status()["daemons"]
-    again = Testbed(testbed.state_dir).up((2, 4, 2))
+    build = testbed.testbed.build
+    again = Testbed(testbed.state_dir).up((2, 4, 2), slurm_prefix=build.prefix if build else None)
     assert again["daemons"] == before
+    assert again["slurm_version"] == str(testbed.client.version())
+    if build is not None:  # the same testbed asked for another Slurm is refused, not restarted
+        with pytest.raises(TestbedError, match=f"already up with Slurm {build.version} from {build.prefix}"):
+            Testbed(testbed.state_dir).up((2, 4, 2))
 
 
 def test_switches_one_lands_on_the_four_node_leaf(testbed, tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from air_hpc.topology import treeconf
 from air_hpc.topology.fabric import Fabric
 from air_hpc.topology.ibnetdiscover import import_ibnetdiscover
 from air_hpc.topology.select import select_nodes
+from tests.integration.matrix import matrix_build
 
 pytestmark = pytest.mark.integration
 
@@ -120,7 +121,7 @@ def slurm_topology(text: str) -> dict[str, dict[str, str]]:
 
 
 def check_loaded(fabric: Fabric, conf_text: str, tmp_path: Path) -> CloudController:
-    ctl = CloudController(conf_text, fabric.nodes, tmp_path)
+    ctl = CloudController(conf_text, fabric.nodes, tmp_path, build=matrix_build())
     ctl.start()
     try:
         shown = slurm_topology(ctl.show_topology())
