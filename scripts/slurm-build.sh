@@ -39,9 +39,13 @@ if ((${#missing[@]})); then
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# slurmctld -V needs no slurm.conf (sbatch --version does, from 25.05 on).
-if [[ -x "$PREFIX/sbin/slurmctld" ]] && "$PREFIX/sbin/slurmctld" -V 2>/dev/null | grep -qx "slurm $VERSION"; then
-    echo "slurm-build: $PREFIX already holds Slurm $VERSION"
+# The testbed runs one slurmd per emulated node on one host: without multiple-slurmd support every
+# node after the first shares NodeHostname, is left out of the address table ("Duplicated
+# NodeHostName"), and messages slurmd forwards to it are lost (nodes go DOWN, not responding).
+CONFIGURE_ARGS=(--prefix="$PREFIX" --sysconfdir="$PREFIX/etc" --enable-multiple-slurmd --without-hdf5 --disable-debug)
+STAMP="$PREFIX/share/air-hpc-slurm-build"
+if [[ -x "$PREFIX/sbin/slurmctld" && -f "$STAMP" && "$(cat "$STAMP")" == "$VERSION ${CONFIGURE_ARGS[*]}" ]]; then
+    echo "slurm-build: $PREFIX already holds Slurm $VERSION built with ${CONFIGURE_ARGS[*]}"
     exit 0
 fi
 
@@ -50,10 +54,10 @@ BUILD_DIR="${SLURM_BUILD_DIR:-$SOURCE/../build-slurm-$VERSION}"
 mkdir -p "$BUILD_DIR"
 cd "$BUILD_DIR"
 echo "slurm-build: configuring Slurm $VERSION for $PREFIX in $BUILD_DIR"
-"$SOURCE/configure" --prefix="$PREFIX" --sysconfdir="$PREFIX/etc" \
-    --without-hdf5 --disable-debug >configure.log 2>&1 ||
+"$SOURCE/configure" "${CONFIGURE_ARGS[@]}" >configure.log 2>&1 ||
     { tail -30 configure.log >&2; exit 1; }
 # configure only warns when a library is missing; a build without these cannot run the testbed.
+grep -q '^#define MULTIPLE_SLURMD 1' config.h || { echo "slurm-build: configure left out multiple-slurmd" >&2; exit 1; }
 for feature in WITH_MUNGE WITH_MYSQL WITH_JSON_PARSER; do
     grep -qF "S[\"${feature}_TRUE\"]=\"\"" config.status ||
         { echo "slurm-build: configure left out $feature (see $BUILD_DIR/configure.log)" >&2; exit 1; }
@@ -61,4 +65,6 @@ done
 echo "slurm-build: building with $JOBS jobs (log: $BUILD_DIR/make.log)"
 nice make -j"$JOBS" >make.log 2>&1 || { tail -30 make.log >&2; exit 1; }
 make install >install.log 2>&1 || { tail -30 install.log >&2; exit 1; }
+mkdir -p "$(dirname "$STAMP")"
+echo "$VERSION ${CONFIGURE_ARGS[*]}" >"$STAMP"
 echo "slurm-build: installed $("$PREFIX/sbin/slurmctld" -V) into $PREFIX"
