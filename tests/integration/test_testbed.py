@@ -1,6 +1,7 @@
 """The embedded testbed is a real multi-node Slurm: placement, hostnames, accounting, clean shutdown."""
 
 import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -97,7 +98,10 @@ def test_status_json_and_env_cli(testbed) -> None:
     env = subprocess.run(
         [*cli, "env", "--state-dir", str(testbed.state_dir)], capture_output=True, text=True, check=True
     ).stdout
-    assert env.strip() == f"export SLURM_CONF={testbed.state_dir}/etc/slurm.conf"
+    build = testbed.testbed.build
+    path = [f"export PATH={shlex.quote(testbed.env['PATH'])}"] if build else []  # a build's commands first
+    assert env.splitlines() == [*path, f"export SLURM_CONF={testbed.state_dir}/etc/slurm.conf"]
+    assert status["slurm_version"] == str(build.version if build else testbed.client.version())
 
 
 def test_second_testbed_side_by_side_and_down_leaves_no_daemon(testbed, tmp_path: Path) -> None:
