@@ -216,7 +216,8 @@ def test_submitit_executor_runs_on_the_testbed(
     testbed: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_corpus: Path
 ) -> None:
     # submitit runs sbatch itself with this process's environment, not through our client.
-    monkeypatch.setenv("SLURM_CONF", testbed.env["SLURM_CONF"])
+    for key, value in testbed.env.items():  # SLURM_CONF, and PATH on a Slurm build
+        monkeypatch.setenv(key, value)
     job = load_job(TESTBED_JOB, [f"run.root={tmp_path}", "run.name=submitit", f"data.path={small_corpus}"])
     done = submit(job, "submitit", testbed.client, entry=Entry)
     assert wait_state(testbed, done.job_id, 90) is JobState.COMPLETED

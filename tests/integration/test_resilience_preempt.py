@@ -145,7 +145,8 @@ def test_submitit_job_on_the_testbed_requeues_on_the_configured_signal(
     testbed: Any, corpus: Path, reference: RunDir, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """submitit's SlurmExecutor: Slurm signals the step's tasks, submitit's handler on rank 0 requeues."""
-    monkeypatch.setenv("SLURM_CONF", testbed.env["SLURM_CONF"])  # submitit runs sbatch itself
+    for key, value in testbed.env.items():  # submitit runs sbatch itself (PATH: a Slurm build's first)
+        monkeypatch.setenv(key, value)
     job = load_job(
         REPO / "configs/jobs/gpt-tiny-testbed.yaml",
         [

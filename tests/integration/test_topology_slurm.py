@@ -198,6 +198,7 @@ def test_live_node_state_and_selection_agree_with_slurm(
         conf = tmp_path / "topology.conf"
         conf.write_text(treeconf.render(fabric))
         monkeypatch.setenv("SLURM_CONF", str(ctl.conf))
+        monkeypatch.setenv("PATH", ctl.client.env["PATH"])  # a Slurm build's commands, when the matrix runs one
         main(["topo", "select", "--topology", str(conf), "-N", "3", "--from-slurm", "--json"])
         data = json.loads(capsys.readouterr().out)
         assert data["nodelist"] == "dgx-a09-[01,03-04]"
