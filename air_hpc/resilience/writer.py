@@ -5,20 +5,31 @@ means; this module owns the process: how it is forked, what it does, how it repo
 results through a pipe), how it is stopped (with the workers Megatron forks from it), and how it
 dies with its rank.
 
-A writer dies with its rank: it watches a pipe whose only write end the rank holds, and kills
-its own process group (itself and the workers Megatron forks from it) when that end closes,
-which the kernel does however the rank ends, ``kill -9`` included.
+A writer dies with its rank, however the rank ends (``kill -9`` included), and so does every
+process the writer forks (Megatron's write workers): each asks the kernel, first thing after
+the fork, for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``), and exits at once if the
+parent is already gone. Nothing in user space has to notice: an earlier design that watched a
+pipe from a thread let a writer outlive its rank when another child of the rank held the pipe's
+write end too, or when the writer hung before its thread started. The writer also lets go of
+every network socket it inherited, so that it never holds rank 0's rendezvous port: a listener
+kept open by a writer would make the next start fail to bind it.
+
+The rank forks its writers from the thread that drives training, which lives as long as the rank
+(the kernel sends the signal when the forking *thread* ends).
 """
 
 import contextlib
+import ctypes
 import gc
 import logging
 import multiprocessing
 import os
 import queue
 import signal
-import threading
+import socket
+import stat
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -69,37 +80,56 @@ class _Collect:
 
 
 class Writer:
-    """One running writer as its rank holds it: the process, the pipe it reports on, the rank's lifeline end."""
+    """One running writer as its rank holds it: the process (leading its own group) and the pipe it reports on."""
 
-    def __init__(self, process: Any, conn: Connection, alive_fd: int) -> None:
-        self.process = process
+    def __init__(self, pid: int, conn: Connection) -> None:
+        self.pid = pid
         self.conn = conn
-        self.alive_fd: int | None = alive_fd
-        """The rank's end of the pipe the writer watches; closing it (or dying) stops the writer."""
+        self.exitcode: int | None = None
+        """Set once the writer is reaped: 0 after a report, 1 when it failed before, -N when killed by signal N."""
 
     @classmethod
     def start(cls, fmt: ShardWriter, request: Any, staging: Path, rank: int) -> "Writer":
         """Fork the writer of ``request``'s shards into ``staging``."""
-        ctx = multiprocessing.get_context("fork")
-        conn, child_end = ctx.Pipe(duplex=False)
-        alive = os.pipe()
-        process = ctx.Process(target=_run, args=(fmt, request, staging, rank, child_end, alive), daemon=False)
-        process.start()
-        _lead_own_process_group(cast(int, process.pid))  # a started process has one
+        arm = _death_signal_setter()  # looked up here: the child calls it before anything else
+        conn, child_end = multiprocessing.Pipe(duplex=False)
+        rank_pid = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # the writer; it never returns into the rank's code
+            code = 1
+            try:
+                _die_with_parent(arm, rank_pid)
+                conn.close()
+                code = _run(fmt, request, staging, rank, child_end, arm)
+            except BaseException:
+                log.exception("rank %d: the background writer failed", rank)
+            finally:
+                os._exit(code)
         child_end.close()
-        os.close(alive[0])
-        return cls(process, conn, alive[1])
-
-    @property
-    def pid(self) -> int:
-        return cast(int, self.process.pid)
-
-    @property
-    def exitcode(self) -> int | None:
-        return cast("int | None", self.process.exitcode)
+        _lead_own_process_group(pid)
+        return cls(pid, conn)
 
     def is_alive(self) -> bool:
-        return bool(self.process.is_alive())
+        """Not yet exited (reaps it when it has)."""
+        if self.exitcode is not None:
+            return False
+        return not self._reap(os.WNOHANG)
+
+    def join(self) -> None:
+        """Wait for the writer to exit and reap it."""
+        if self.exitcode is None:
+            self._reap(0)
+
+    def _reap(self, flags: int) -> bool:
+        try:
+            pid, status = os.waitpid(self.pid, flags)
+        except ChildProcessError:  # reaped elsewhere (never here): it is gone all the same
+            self.exitcode = -1
+            return True
+        if pid == 0:
+            return False
+        self.exitcode = os.waitstatus_to_exitcode(status)
+        return True
 
     def reported(self, wait_s: float = 0.0) -> bool:
         """The writer has sent its report (it sends once, at its end), waiting at most ``wait_s``."""
@@ -113,60 +143,103 @@ class Writer:
         except EOFError:
             error = "the background writer died before reporting"
         self.conn.close()
-        self.process.join()
-        self._release()
-        if self.process.exitcode != 0 and error is None:
-            error = f"the background writer exited with {self.process.exitcode}"
+        self.join()
+        if self.exitcode != 0 and error is None:
+            error = f"the background writer exited with {self.exitcode}"
         return cast("str | None", error)
 
     def stop(self) -> None:
-        """SIGKILL the writer and every worker it forked (its process group), reap it, close the pipes."""
+        """SIGKILL the writer and every worker it forked (its process group), reap it, close the pipe."""
         with contextlib.suppress(ProcessLookupError):  # the whole group exited already
             os.killpg(self.pid, signal.SIGKILL)
-        self.process.join()
+        self.join()
         self.conn.close()
-        self._release()
-
-    def _release(self) -> None:
-        """Close the rank's end of the lifeline pipe (the writer has exited or been killed)."""
-        if self.alive_fd is not None:
-            os.close(self.alive_fd)
-            self.alive_fd = None
 
 
-def _die_with_rank(alive_fd: int) -> None:
-    """In the writer: kill our process group as soon as the rank's end of the lifeline pipe closes.
+#: ``prctl(2)`` option: the signal this process gets when its parent (thread) dies.
+_PR_SET_PDEATHSIG = 1
 
-    The rank holds the only write end; the kernel closes it when the rank exits, however it
-    exits. ``PR_SET_PDEATHSIG`` would reach this process only, not the workers it forks.
+_DeathSignalSetter = Callable[[int, int, int, int, int], int]
+
+
+def _death_signal_setter() -> _DeathSignalSetter:
+    """libc's ``prctl``, looked up in the rank: after a fork, the child only calls it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    return cast(_DeathSignalSetter, libc.prctl)
+
+
+def _die_with_parent(arm: _DeathSignalSetter, parent_pid: int) -> None:
+    """In a just-forked child: SIGKILL when the parent dies; exit now if it died before that was armed."""
+    if arm(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
+    if os.getppid() != parent_pid:  # reparented: the parent is gone and the signal will never come
+        os._exit(1)
+
+
+class _ChildrenDieWithUs:
+    """Fork hooks of a writer: whatever it forks (Megatron's write workers) arms its own death signal.
+
+    ``before`` runs in the forking process, so the child knows which pid its parent is, at any depth.
     """
 
-    def watch() -> None:
-        while os.read(alive_fd, 64):
-            pass
-        os.killpg(os.getpid(), signal.SIGKILL)
+    def __init__(self, arm: _DeathSignalSetter) -> None:
+        self.arm = arm
+        self.parent = os.getpid()
 
-    threading.Thread(target=watch, name="writer-lifeline", daemon=True).start()
+    def before(self) -> None:
+        self.parent = os.getpid()
+
+    def after_in_child(self) -> None:
+        _die_with_parent(self.arm, self.parent)
 
 
-def _run(fmt: ShardWriter, request: Any, staging: Path, rank: int, conn: Connection, alive: tuple[int, int]) -> None:
-    """The forked writer of an async save: write, hash, send the write results to the rank, exit.
+def _drop_network_sockets() -> None:
+    """Point every inherited TCP/IP socket at ``/dev/null``: the writer never uses the network.
+
+    Above all it must not keep rank 0's listening rendezvous port (the TCPStore) open. ``dup2``
+    rather than ``close``, so that no descriptor number an inherited object still names is reused.
+    """
+    devnull = os.open(os.devnull, os.O_RDWR)
+    try:
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            if fd != devnull and _is_network_socket(fd):
+                os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+def _is_network_socket(fd: int) -> bool:
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            return False
+        sock = socket.socket(fileno=fd)
+    except OSError:  # the listing's own descriptor, closed by now
+        return False
+    try:
+        return sock.family in (socket.AF_INET, socket.AF_INET6)
+    finally:
+        sock.detach()
+
+
+def _run(fmt: ShardWriter, request: Any, staging: Path, rank: int, conn: Connection, arm: _DeathSignalSetter) -> int:
+    """The forked writer of an async save: write, hash, send the write results to the rank; the exit code.
 
     Runs at a lower CPU priority so that on a busy node the training ranks keep their cores, and
     without garbage collection.
     It inherits the rank's signal handlers, which only set a flag: a preemption signal sent to
     every process of the job step does not kill a write in progress. It leads its own process
     group, so that a superseded write can be stopped with the worker processes Megatron forks
-    from it: an orphaned worker would keep the rank's inherited sockets (rank 0's rendezvous
-    port among them) open, and the next start's ranks would connect to a listener nobody serves.
-    Slurm's ``proctrack/cgroup`` and ``proctrack/linuxproc`` still count it in the step;
+    from it. Slurm's ``proctrack/cgroup`` and ``proctrack/linuxproc`` still count it in the step;
     ``proctrack/pgid`` (which Slurm advises against) would not.
 
     It sends ``(results, None)``, or ``(None, error)`` with :func:`describe_error`'s line.
     """
     _lead_own_process_group(os.getpid())
-    os.close(alive[1])  # only the rank may hold the write end, or its death would go unnoticed
-    _die_with_rank(alive[0])
+    _drop_network_sockets()
+    hooks = _ChildrenDieWithUs(arm)
+    os.register_at_fork(before=hooks.before, after_in_child=hooks.after_in_child)
     gc.disable()  # a collection here could free the parent's CUDA tensors from a forked child (Megatron does the same)
     os.nice(_WRITER_NICENESS)
     collected = _Collect()
@@ -178,6 +251,7 @@ def _run(fmt: ShardWriter, request: Any, staging: Path, rank: int, conn: Connect
     else:
         conn.send((collected.item, None))
     conn.close()
+    return 0
 
 
 def _lead_own_process_group(pid: int) -> None:

@@ -37,13 +37,15 @@ hang backstop, dead-node probe (supervisor)    no          the ranks' own watchd
 ``started`` lines in submissions.jsonl         no          reports use the ranks' ``start`` events
 hot spares (in-job supervisor)                 no          refused: ``resources.spare_nodes`` exits 2
 pyxis container (``srun --container-image``)   no          refused: ``container.image`` exits 2
-MASTER_PORT from the job id                    yes         ``runtime.entry`` derives it the same way
+MASTER_PORT from the job id and restart count  yes         ``runtime.entry`` derives it the same way
+a taken MASTER_PORT replaced on rank 0's node    no          the derived port, new on each start
 ===============================================  ==========  ===============================================
 """
 
 import argparse
 import logging
 import os
+import socket
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -58,7 +60,7 @@ from air_hpc.records.events import EventLog
 from air_hpc.records.generation import generation, generation_dir, read_exit_code, start_hostfile
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import record_start
-from air_hpc.runtime.rendezvous import master_port
+from air_hpc.runtime.rendezvous import free_master_port, master_port
 from air_hpc.slurm import hostlist
 from air_hpc.slurm.client import IN_JOB, SlurmClient
 from air_hpc.slurm.env import JOB_NODELIST, SlurmEnv
@@ -140,7 +142,15 @@ def start(
     record_start(run_dir, job.job_id, job.restart_count, job.nodelist)
     say(f"job {job.job_id} start {job.restart_count + 1} on {job.nodelist}")
     lines = [str(start_dir)]
-    return [*lines, first, str(master_port(int(job.job_id)))] if master else lines
+    return [*lines, first, str(_rendezvous_port(job, first, environ))] if master else lines
+
+
+def _rendezvous_port(job: JobStart, rank_0_host: str, environ: Mapping[str, str]) -> int:
+    """This start's port; checked for being free, and replaced if not, where rank 0 runs on this node."""
+    here = SlurmEnv.from_environ(environ).nodename or socket.gethostname()
+    if rank_0_host == here:
+        return free_master_port(int(job.job_id), job.restart_count)
+    return master_port(int(job.job_id), job.restart_count)
 
 
 def emit(run_dir: RunDir, job: JobStart, kind: str, at_s: float | None = None, **fields: object) -> None:

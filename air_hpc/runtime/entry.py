@@ -55,7 +55,7 @@ def dist_env_from_slurm(environ: Mapping[str, str]) -> DistEnv:
     master = environ.get("MASTER_ADDR") or (slurm.nodelist[0] if slurm.nodelist else "")
     if not master:
         raise ConfigError(f"launch: neither MASTER_ADDR nor {slurm_env.JOB_NODELIST[0]} is set")
-    port = int(environ["MASTER_PORT"]) if environ.get("MASTER_PORT") else master_port(job_id)
+    port = int(environ["MASTER_PORT"]) if environ.get("MASTER_PORT") else master_port(job_id, slurm.restart_count)
     hostname = slurm.nodename or socket.gethostname()
     return DistEnv(slurm.procid, slurm.ntasks, slurm.localid, master, port, hostname)
 
@@ -64,8 +64,11 @@ def dist_env_from_submitit(environ: Mapping[str, str]) -> DistEnv:
     """submitit's ranks, with our port derivation: submitit draws one from 20000-60000, often an ephemeral port."""
     dist = submitit.helpers.TorchDistributedEnvironment()
     job_id = ascii_int(str(submitit.JobEnvironment().job_id))
-    port = dist.master_port if environ.get("MASTER_PORT") or job_id is None else master_port(job_id)
-    hostname = SlurmEnv.from_environ(environ).nodename or socket.gethostname()
+    slurm = SlurmEnv.from_environ(environ)
+    port = (
+        dist.master_port if environ.get("MASTER_PORT") or job_id is None else master_port(job_id, slurm.restart_count)
+    )
+    hostname = slurm.nodename or socket.gethostname()
     return DistEnv(dist.rank, dist.world_size, dist.local_rank, dist.master_addr, port, hostname)
 
 

@@ -12,6 +12,7 @@ import json
 import multiprocessing
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import sys
@@ -331,7 +332,7 @@ def test_a_planted_pickle_is_skipped_like_a_corrupt_checkpoint(
 
 
 RANK_WITH_STUCK_WRITER = """
-import multiprocessing, os, sys, time
+import multiprocessing, os, socket, sys, time
 from pathlib import Path
 from air_hpc.resilience import state, writer
 
@@ -341,23 +342,56 @@ def stuck(request, stage_to_host=False, results=None):
     Path(sys.argv[1]).write_text(f"{os.getpid()} {worker.pid}")
     time.sleep(3600)
 
+listener = socket.create_server(("127.0.0.1", 0))  # as rank 0's TCPStore listens on the rendezvous port
+Path(sys.argv[2], "port").write_text(str(listener.getsockname()[1]))
 state.run_request = stuck
 writer.Writer.start(state.DistCheckpoint(None), None, Path(sys.argv[2]), 0)
+if sys.argv[3] == "sibling":  # a child the rank forks later inherits all the rank holds
+    sibling = multiprocessing.get_context("fork").Process(target=time.sleep, args=(3600,))
+    sibling.start()
+    Path(sys.argv[2], "sibling").write_text(str(sibling.pid))
 time.sleep(3600)
 """
 
 
-def test_a_writer_and_its_workers_die_with_their_rank(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def rank_with_stuck_writer(tmp_path: Path, sibling: bool) -> Iterator[tuple[subprocess.Popen[bytes], int, int]]:
+    """A rank whose async writer (and the worker it forked) hangs; yields the rank, the writer's and worker's pids."""
     pids = tmp_path / "pids"
-    rank = subprocess.Popen([sys.executable, "-c", RANK_WITH_STUCK_WRITER, str(pids), str(tmp_path)], cwd=REPO)
+    argv = [sys.executable, "-c", RANK_WITH_STUCK_WRITER, str(pids), str(tmp_path), "sibling" if sibling else "-"]
+    rank = subprocess.Popen(argv, cwd=REPO)
     try:
         # write_text is not atomic: the file exists a moment before it holds both pids
         wait_for("the writer's worker", lambda: pids.exists() and len(pids.read_text().split()) == 2, 60)
+        if sibling:
+            wait_for(
+                "the rank's later child",
+                lambda: bool((tmp_path / "sibling").exists() and (tmp_path / "sibling").read_text()),
+                60,
+            )
         writer, worker = (int(p) for p in pids.read_text().split())
-        rank.kill()  # kill -9: no handler, no cleanup in the rank
-        rank.wait()
-        started = time.monotonic()
-        wait_for("the writer and its worker to be gone", lambda: _gone(writer) and _gone(worker), 10)
-        assert time.monotonic() - started < 5
+        yield rank, writer, worker
     finally:
         rank.kill()
+        rank.wait()
+        for name in ("pids", "sibling"):  # what the test started, by pid, should it have outlived the rank
+            for pid in (tmp_path / name).read_text().split() if (tmp_path / name).exists() else ():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("sibling", [False, True], ids=["alone", "with-a-later-child"])
+def test_a_writer_and_its_workers_die_with_their_rank(tmp_path: Path, sibling: bool) -> None:
+    """However the rank ends, and though a child the rank forked later (holding all the rank held) lives on."""
+    with rank_with_stuck_writer(tmp_path, sibling) as (rank, writer, worker):
+        rank.kill()  # kill -9: no handler, no cleanup in the rank
+        rank.wait()
+        wait_for("the writer and its worker to be gone", lambda: _gone(writer) and _gone(worker), 10)
+
+
+def test_a_writer_never_holds_the_rank_s_listening_port(tmp_path: Path) -> None:
+    with rank_with_stuck_writer(tmp_path, sibling=False) as (_, writer, worker):
+        port = int((tmp_path / "port").read_text())
+        for pid in (writer, worker):
+            held = [c.laddr.port for c in psutil.Process(pid).net_connections("inet")]
+            assert port not in held, f"pid {pid} holds the rank's port {port}: {held}"

@@ -22,6 +22,7 @@ from air_hpc.config import load_job
 from air_hpc.exitcodes import REQUEUE_WORTHY, ExitCode
 from air_hpc.records.rundir import RunDir
 from air_hpc.render import NodeRequest, build_spec, render_script
+from air_hpc.runtime.rendezvous import master_port
 
 REPO = Path(__file__).resolve().parents[2]
 TESTBED_JOB = REPO / "configs" / "jobs" / "gpt-tiny-testbed.yaml"
@@ -185,7 +186,7 @@ def test_start_is_recorded_and_master_derived(tmp_path: Path, stubs: Path) -> No
     result = subprocess.run(
         ["bash", str(script)], env=environ(tmp_path, stubs, 1), capture_output=True, text=True, check=True
     )
-    assert result.stdout.strip() == f"n7:{20000 + 4242 % 20000}:1"
+    assert result.stdout.strip() == f"n7:{master_port(4242, 1)}:1"  # the second start's port
     (line,) = (tmp_path / "run" / "submissions.jsonl").read_text().splitlines()
     record = json.loads(line)
     assert (record["kind"], record["job_id"], record["restart_count"], record["nodelist"]) == (

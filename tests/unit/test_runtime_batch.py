@@ -41,7 +41,7 @@ def test_start_records_fits_and_names_rank_zero(tmp_path: Path) -> None:
     run_dir = RunDir(tmp_path)
     env = {"SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "1"}
     lines = start(run_dir, JOB, env, ["n2", "n2", "n7", "n7"], master=True)
-    assert lines == [str(tmp_path / "heartbeat" / "4242-1"), "n8", str(master_port(4242))]
+    assert lines == [str(tmp_path / "heartbeat" / "4242-1"), "n8", str(master_port(4242, 1))]
     assert (tmp_path / "heartbeat" / "4242-1" / "hostfile").read_text() == "n8\nn8\nn7\nn7\n"
     (row,) = read_jsonl(run_dir.submissions)
     assert (row["kind"], row["job_id"], row["restart_count"], row["nodelist"]) == ("started", "4242", 1, "n[7-8]")
