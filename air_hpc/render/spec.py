@@ -69,7 +69,7 @@ class SbatchSpec:
             "armed_prefix": names.ARMED_FILE_PREFIX,
             "stop_requested_file": names.STOP_REQUESTED_FILE,
             "supervisor_armed_file": names.SUPERVISOR_ARMED_FILE,
-            "supervisor_stop_signals": tuple(dict.fromkeys((self.signal, *STOP_SIGNALS))),
+            "stop_signals": tuple(dict.fromkeys((self.signal, *STOP_SIGNALS))),
         }
 
 

@@ -5,19 +5,24 @@ The batch scripts are the real rendered template with the real supervisor; only 
 small payload, so each job takes seconds.
 """
 
+import contextlib
 import hashlib
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 import hostlist
+import psutil
 import pytest
 
 from air_hpc.config import load_job
 from air_hpc.launch.submit import Submission, submit
+from air_hpc.records.events import read_events
 from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.jobs import JobState
 from tests.integration.test_jobs_testbed import TESTBED_JOB, wait_ready, wait_state
+from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -79,3 +84,86 @@ def test_a_second_sbatch_of_the_runs_own_script_writes_nothing_and_the_owner_run
     assert wait_state(testbed, owner.job_id) is JobState.COMPLETED, (run.logs / f"slurm-{owner.job_id}.out").read_text()
     out = (run.logs / f"slurm-{owner.job_id}.out").read_text()
     assert out.count("rank order kept") == 4, out
+
+
+#: argv: RUN_DIR. A rank as the trainer arms (stop signals held from its first line, then handled and
+#: announced in its step attempt's directory): on the first start it runs until a stop and exits with the
+#: requeue code, as after a save; on a restart it exits 0.
+STOPPABLE = """
+from air_hpc.resilience.signals import StopRequest, hold_stop_signals
+
+hold_stop_signals()
+import os, sys, time
+from pathlib import Path
+from air_hpc.records.generation import generation, generation_dir
+from air_hpc.records.events import read_events
+from air_hpc.records.rundir import RunDir
+
+run_dir = Path(sys.argv[1])
+rank = int(os.environ["SLURM_PROCID"])
+restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+print(f"rank {rank} start {restart}", flush=True)
+if restart:
+    sys.exit(0)
+stop = StopRequest.install(["USR2", "TERM", "INT", "HUP"])
+stop.announce_armed(generation_dir(RunDir(run_dir), generation(os.environ)), rank, "USR2")
+(run_dir / f"ready-0-{rank}").touch()
+deadline = time.monotonic() + 60
+while not stop.requested and time.monotonic() < deadline:
+    time.sleep(0.05)
+(run_dir / f"stopped-{rank}").write_text(str(stop.signal_name))
+sys.exit(85 if stop.requested else 0)
+"""
+
+
+def batch_shell(testbed: Any, job_id: str) -> psutil.Process:
+    """The job's batch script process (slurmstepd runs ``slurm_script`` from the node's spool)."""
+    found: list[psutil.Process] = []
+
+    def running() -> bool:
+        for proc in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                script = "".join(proc.cmdline()[-1:]).endswith("slurm_script")
+                if script and proc.environ().get("SLURM_JOB_ID") == job_id:
+                    found.append(proc)
+                    return True
+        return False
+
+    wait_for(f"job {job_id}'s batch shell", running, 60, 0.02)
+    return found[0]
+
+
+def wait_running(testbed: Any, job_id: str) -> None:
+    def running() -> bool:
+        status = testbed.client.job_status(job_id)
+        return status is not None and status.state is JobState.RUNNING
+
+    wait_for(f"job {job_id} to run", running, 60, 0.05)
+
+
+def check_stopped_and_requeued(
+    testbed: Any, run: RunDir, job_id: str, signal_name: str, ranks_ran: bool | None
+) -> None:
+    """The job was requeued once and completed; if its ranks ran (None: either way), every one of them stopped on
+    the stop signal and asked for the requeue, as after a save. The batch shell recorded the signal it got."""
+    err = run.logs / f"slurm-{job_id}.err"
+    assert wait_state(testbed, job_id, 180) is JobState.COMPLETED, err.read_text()
+    stopped = sorted(p.read_text() for p in run.path.glob("stopped-*"))
+    saved = ["SIGUSR2"] * 4
+    expected: list[list[str]] = [saved] if ranks_ran else [[]] if ranks_ran is False else [[], saved]
+    assert stopped in expected, err.read_text()
+    assert (run.logs / f"slurm-{job_id}.out").read_text().count("start 1") == 4
+    status = testbed.client.job_status(job_id)
+    assert status is not None and status.restarts == 1
+    assert [e["signal"] for e in read_events(run.events) if e["kind"] == "signal"] == [signal_name]
+
+
+@pytest.mark.parametrize("when", ["first-second", "mid-step"])
+def test_sigterm_to_the_batch_shell_is_a_stop_that_saves_and_requeues(testbed: Any, tmp_path: Path, when: str) -> None:
+    """``kill -TERM`` of the batch script (issue 27 item 6): as any stop, the ranks save and the job requeues."""
+    done = submit_step(testbed, tmp_path, STOPPABLE, "term", "resilience.max_restarts=1")
+    shell = batch_shell(testbed, done.job_id)
+    if when == "mid-step":
+        wait_ready(done.run_dir, 4)
+    shell.send_signal(signal.SIGTERM)
+    check_stopped_and_requeued(testbed, RunDir(done.run_dir), done.job_id, "SIGTERM", when == "mid-step")

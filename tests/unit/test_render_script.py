@@ -178,7 +178,7 @@ def test_a_signal_before_the_ranks_are_armed_is_recorded_for_them_not_sent(tmp_p
 def test_the_signal_trap_is_the_first_command(tmp_path: Path) -> None:
     script = write_script(tmp_path, ["true"]).read_text().splitlines()
     commands = [line for line in script if line.strip() and not line.startswith("#")]
-    assert commands[0] == "trap 'signal_pending=1' USR2"
+    assert commands[:4] == [f"trap 'stop_pending=SIG{name}' {name}" for name in ("USR2", "TERM", "INT", "HUP")]
 
 
 def test_start_is_recorded_and_master_derived(tmp_path: Path, stubs: Path) -> None:
@@ -282,3 +282,68 @@ def supervisor_started(pid: int) -> bool:
     with contextlib.suppress(psutil.Error):
         return any("air_hpc.runtime.supervisor" in c.cmdline() for c in psutil.Process(pid).children(recursive=True))
     return False
+
+
+def helper_starting(pid: int) -> bool:
+    """The batch shell is in ``helper start`` (its first command after the traps)."""
+    with contextlib.suppress(psutil.Error):
+        return any(
+            "air_hpc.runtime.batch" in c.cmdline() and "start" in c.cmdline()
+            for c in psutil.Process(pid).children(recursive=True)
+        )
+    return False
+
+
+def run_signalled(
+    tmp_path: Path, stubs: Path, step: list[str], when: Any, send: Any
+) -> tuple[subprocess.Popen[bytes], bytes]:
+    """Run the script, ``send(pid)`` once ``when(pid)`` holds; returns the process, ended, and its stderr."""
+    script = write_script(tmp_path, step)
+    proc = subprocess.Popen(
+        ["bash", str(script)],
+        env=environ(tmp_path, stubs, None),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not when(proc.pid):
+            assert time.monotonic() < deadline and proc.poll() is None, "the moment never came"
+            time.sleep(0.002)
+        send(proc.pid)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc, err
+
+
+def test_sigterm_to_the_batch_shell_as_it_starts_is_a_stop_that_requeues(tmp_path: Path, stubs: Path) -> None:
+    """``kill -TERM`` of the batch shell in its first second (issue 27 item 6) was FAILED 1:0: it is a stop."""
+    ran = tmp_path / "step-ran"
+    proc, err = run_signalled(
+        tmp_path, stubs, ["touch", str(ran)], helper_starting, lambda pid: os.kill(pid, signal.SIGTERM)
+    )
+    assert proc.returncode == ExitCode.REQUEUE, err
+    assert b"got SIGTERM while the supervisor starts" in err
+    assert not ran.exists()
+    assert requeued(tmp_path) == ["4242"]
+    assert [e["signal"] for e in events_of(tmp_path, "signal")] == ["SIGTERM"]
+
+
+def test_sigterm_to_the_batch_shell_mid_step_saves_and_requeues(tmp_path: Path, stubs: Path) -> None:
+    """``kill -TERM`` of the batch shell while the ranks train (issue 27 item 6) was FAILED 0:15: the ranks get the
+    stop signal, save (exit 85) and the job requeues."""
+    ready = tmp_path / "ready"
+    payload = (
+        f"trap 'echo got-usr2; exit {int(ExitCode.REQUEUE)}' USR2; {arm_all(tmp_path)}; touch {ready}; "
+        "while :; do sleep 0.1; done"
+    )
+    proc, err = run_signalled(
+        tmp_path, stubs, ["bash", "-c", payload], lambda _: ready.exists(), lambda pid: os.kill(pid, signal.SIGTERM)
+    )
+    assert proc.returncode == ExitCode.REQUEUE, err
+    assert b"got SIGTERM, forwarding to the training step as SIGUSR2" in err
+    assert requeued(tmp_path) == ["4242"]
+    assert [e["signal"] for e in events_of(tmp_path, "signal")] == ["SIGTERM"]
