@@ -9,6 +9,7 @@ import contextlib
 import hashlib
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -167,3 +168,14 @@ def test_sigterm_to_the_batch_shell_is_a_stop_that_saves_and_requeues(testbed: A
         wait_ready(done.run_dir, 4)
     shell.send_signal(signal.SIGTERM)
     check_stopped_and_requeued(testbed, RunDir(done.run_dir), done.job_id, "SIGTERM", when == "mid-step")
+
+
+@pytest.mark.parametrize("after_s", [0.0, 0.6])
+def test_a_user_signal_the_moment_the_job_runs_is_acted_on(testbed: Any, tmp_path: Path, after_s: float) -> None:
+    """``scancel --signal=USR2 --batch`` just after RUNNING (issue 27 item 7) is not lost: the ranks save, the job
+    requeues once and completes."""
+    done = submit_step(testbed, tmp_path, STOPPABLE, "usr2", "resilience.max_restarts=1")
+    wait_running(testbed, done.job_id)
+    time.sleep(after_s)  # the moment of the fault, not a wait for something to happen
+    testbed.client.scancel(done.job_id, signal="USR2", batch=True)
+    check_stopped_and_requeued(testbed, RunDir(done.run_dir), done.job_id, "SIGUSR2", None)

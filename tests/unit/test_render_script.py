@@ -347,3 +347,15 @@ def test_sigterm_to_the_batch_shell_mid_step_saves_and_requeues(tmp_path: Path, 
     assert b"got SIGTERM, forwarding to the training step as SIGUSR2" in err
     assert requeued(tmp_path) == ["4242"]
     assert [e["signal"] for e in events_of(tmp_path, "signal")] == ["SIGTERM"]
+
+
+def test_a_user_signal_to_the_batch_step_as_it_starts_requeues_it(tmp_path: Path, stubs: Path) -> None:
+    """``scancel --signal=USR2 --batch`` the moment the job runs (issue 27 item 7): Slurm signals every process of
+    the batch step while the helper records the start; the stop is recorded and acted on, not lost."""
+    ran = tmp_path / "step-ran"
+    proc, err = run_signalled(
+        tmp_path, stubs, ["touch", str(ran)], helper_starting, lambda pid: os.killpg(pid, signal.SIGUSR2)
+    )
+    assert proc.returncode == ExitCode.REQUEUE, err
+    assert not ran.exists()
+    assert requeued(tmp_path) == ["4242"]
