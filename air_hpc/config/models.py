@@ -223,6 +223,15 @@ class HealthConfig(Section):
     straggler_ratio: float = Field(
         1.5, gt=1, description="A node busier per step than this many times the other nodes' median is a straggler."
     )
+    straggler_windows: int = Field(
+        2, ge=1, description="Consecutive straggler checks a node must fail before it is reported (persistence)."
+    )
+    straggler_noise_sigmas: float = Field(
+        4.0,
+        ge=0,
+        description="A straggler must also be slower than the other nodes by this many times their step-to-step "
+        "noise (a robust standard deviation of each rank's busy times in the window).",
+    )
     exclude_stragglers: bool = Field(
         False, description="Put straggler nodes on the bad-node list, so the next start of the job avoids them."
     )

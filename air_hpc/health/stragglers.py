@@ -7,6 +7,12 @@ time is that of its slowest rank. A node is a straggler when its time is more th
 times the median of the *other* nodes' times: comparing with the others, not with a median
 that includes the node itself, keeps one slow node of two detectable. One node alone has
 nothing to compare with and is never a straggler.
+
+The ratio alone flags clean runs on busy machines (a 30-step testbed run reported a 1.6x
+straggler), so the node must also be slower than the others by a margin over the run's own
+noise: ``noise_sigmas`` times the others' step-to-step spread (a robust standard deviation,
+1.4826 x the median absolute deviation of each rank's times, the median over their ranks).
+Persistence over several windows is the caller's (:mod:`air_hpc.train.straggler_watch`).
 """
 
 import statistics
@@ -15,6 +21,8 @@ from dataclasses import dataclass
 
 #: Busy times below this (seconds per step) are too small to compare (timer granularity).
 MIN_REFERENCE_S = 1e-3
+#: A median absolute deviation times this estimates a standard deviation (for normal noise), robust to spikes.
+MAD_TO_SIGMA = 1.4826
 
 
 @dataclass(frozen=True)
@@ -26,6 +34,8 @@ class Straggler:
     """The node's time per step: its slowest rank's median over the window."""
     reference_s: float
     """The median time per step of the other nodes."""
+    noise_s: float = 0.0
+    """The other nodes' step-to-step noise (robust standard deviation of a rank's times, their median)."""
 
     @property
     def ratio(self) -> float:
@@ -40,12 +50,17 @@ class Straggler:
 
 
 def find_stragglers(
-    busy_by_rank: Sequence[Sequence[float]], hosts: Sequence[str], ratio: float
+    busy_by_rank: Sequence[Sequence[float]], hosts: Sequence[str], ratio: float, noise_sigmas: float = 0.0
 ) -> tuple[Straggler, ...]:
-    """The straggler nodes of one window, slowest first; ``busy_by_rank[r]`` is rank r's seconds per step."""
+    """The straggler nodes of one window, slowest first; ``busy_by_rank[r]`` is rank r's seconds per step.
+
+    A node is one when its time exceeds both ``ratio`` times the others' and the others' by ``noise_sigmas``
+    times their noise.
+    """
     if len(busy_by_rank) != len(hosts):
         raise ValueError(f"{len(busy_by_rank)} ranks' step times but {len(hosts)} host names")
     per_rank = [statistics.median(times) if len(times) else 0.0 for times in busy_by_rank]
+    noise = [_robust_sigma(times) for times in busy_by_rank]
     per_node: dict[str, float] = {}
     for rank, host in enumerate(hosts):
         per_node[host] = max(per_node.get(host, 0.0), per_rank[rank])
@@ -55,7 +70,16 @@ def find_stragglers(
         if not others:
             continue
         reference = max(statistics.median(others), MIN_REFERENCE_S)
-        if busy > ratio * reference:
-            slow = tuple(r for r, host in enumerate(hosts) if host == node and per_rank[r] > ratio * reference)
-            found.append(Straggler(node, slow, busy, reference))
+        spread = statistics.median(n for r, n in enumerate(noise) if hosts[r] != node)
+        threshold = max(ratio * reference, reference + noise_sigmas * spread)
+        if busy > threshold:
+            slow = tuple(r for r, host in enumerate(hosts) if host == node and per_rank[r] > threshold)
+            found.append(Straggler(node, slow, busy, reference, spread))
     return tuple(sorted(found, key=lambda s: -s.ratio))
+
+
+def _robust_sigma(times: Sequence[float]) -> float:
+    if len(times) < 2:
+        return 0.0
+    middle = statistics.median(times)
+    return MAD_TO_SIGMA * statistics.median(abs(t - middle) for t in times)

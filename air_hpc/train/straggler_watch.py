@@ -2,7 +2,8 @@
 
 Every ``health.straggler_window_steps`` steps the ranks gather their busy seconds per step
 (one small collective; the host names once, at the first window), and rank 0 runs
-:func:`air_hpc.health.stragglers.find_stragglers`. A straggler is reported once per start: a
+:func:`air_hpc.health.stragglers.find_stragglers`. A node found in ``health.straggler_windows``
+windows in a row (one slow window is too often the machine's noise) is reported, once per start: a
 ``straggler`` event (which ``status`` and ``report`` show) and a warning; with
 ``health.exclude_stragglers`` its node also goes on the bad-node list, which the batch script
 excludes at the next start of the job.
@@ -56,6 +57,8 @@ class StragglerWatch:
         self._window: list[float] = []
         self._hosts: list[str] | None = None
         self._reported: set[str] = set()
+        self._streak: dict[str, int] = {}
+        """Consecutive windows each node was found slow in, up to the last."""
 
     def begin(self) -> None:
         self._began_s = self.meter.busy_s()
@@ -71,10 +74,12 @@ class StragglerWatch:
         self._window = []
         if self.rank != 0:
             return ()
-        found = find_stragglers(per_rank, self._hosts, self.health.straggler_ratio)
-        for straggler in found:
+        found = find_stragglers(per_rank, self._hosts, self.health.straggler_ratio, self.health.straggler_noise_sigmas)
+        self._streak = {s.node: self._streak.get(s.node, 0) + 1 for s in found}
+        persistent = tuple(s for s in found if self._streak[s.node] >= self.health.straggler_windows)
+        for straggler in persistent:
             self._report(straggler, step)
-        return found
+        return persistent
 
     def _report(self, straggler: Straggler, step: int) -> None:
         if straggler.node in self._reported:
@@ -97,7 +102,9 @@ class StragglerWatch:
             busy_s=round(straggler.busy_s, 6),
             reference_s=round(straggler.reference_s, 6),
             ratio=round(straggler.ratio, 3),
+            noise_s=round(straggler.noise_s, 6),
             window_steps=self.health.straggler_window_steps,
+            windows=self._streak[straggler.node],
             excluded=excluded,
         )
 

@@ -111,12 +111,37 @@ def test_rank_zero_reports_a_straggler_once_and_lists_it_when_asked(tmp_path: Pa
     rows = [[0.1, 0.1], [0.1, 0.1], [0.5, 0.6], [0.1, 0.1]]
     watch, run = _watch(tmp_path, exclude, rows)
     found = [watch.end(step) for step in range(1, 7)]
-    assert [bool(f) for f in found] == [False, True, False, True, False, True]
+    assert [bool(f) for f in found] == [False, False, False, True, False, True]  # the 2nd window in a row reports
     events = [e for e in read_events(run.events) if e["kind"] == "straggler"]
     assert len(events) == 1
-    assert events[0]["node"] == "n2" and events[0]["step"] == 2 and events[0]["ranks"] == [2]
+    assert events[0]["node"] == "n2" and events[0]["step"] == 4 and events[0]["ranks"] == [2]
+    assert events[0]["windows"] == 2
     assert events[0]["excluded"] is exclude
     assert read_bad_nodes(run.bad_nodes) == (("n2",) if exclude else ())
+
+
+def test_one_slow_window_is_not_a_straggler(tmp_path: Path) -> None:
+    """Issue 24 item 8: a verdict needs health.straggler_windows windows in a row (2 by default)."""
+    slow, clean = [[0.1, 0.1], [0.1, 0.1], [0.5, 0.6], [0.1, 0.1]], [[0.1, 0.1]] * 4
+    windows = [slow, clean, slow, clean, slow]
+    run = RunDir(tmp_path)
+    health = HealthConfig(straggler_window_steps=2, straggler_ratio=1.5)
+    watch = StragglerWatch(
+        health, 0, "n1", EventLog(run.events), run.bad_nodes, _Idle(), lambda _: windows.pop(0), lambda _: HOSTS
+    )
+    assert not any(watch.end(step) for step in range(1, 11))
+    assert not [e for e in read_events(run.events) if e["kind"] == "straggler"]
+
+
+def test_a_node_within_the_runs_own_noise_is_not_a_straggler() -> None:
+    """1.6x the others' median, but their own steps vary by more than that: noise, not a straggler."""
+    noisy = [0.05, 0.15, 0.1, 0.2, 0.06, 0.14, 0.1, 0.18]
+    times = [noisy, noisy[::-1], [0.19] * 8, [0.1] * 8]
+    assert find_stragglers(times, HOSTS, ratio=1.5, noise_sigmas=4.0) == ()
+    (flagged,) = find_stragglers(times, HOSTS, ratio=1.5, noise_sigmas=0.0)  # the ratio alone: a false alarm
+    assert flagged.node == "n2" and flagged.noise_s > 0.05
+    steady = [[0.1] * 8, [0.1] * 8, [0.17] * 8, [0.1] * 8]  # the same 1.7x over steady nodes is found
+    assert [s.node for s in find_stragglers(steady, HOSTS, ratio=1.5, noise_sigmas=4.0)] == ["n2"]
 
 
 def test_status_and_report_name_the_straggler(tmp_path: Path) -> None:
