@@ -224,13 +224,20 @@ def _strike(
     return injections
 
 
-def _cancel(client: SlurmClient, job_ids: Sequence[str]) -> None:
-    """A campaign that cannot go on leaves no copy behind holding testbed nodes."""
+def _cancel(client: SlurmClient, job_ids: Sequence[str], say: Callable[[str], None]) -> None:
+    """A campaign that cannot go on leaves no copy behind holding testbed nodes; one that already ended is said."""
+    cancelled = []
     for job_id in job_ids:
         try:
+            if state := _ended(client, job_id):
+                say(f"job {job_id} had already ended ({state})")
+                continue
             client.scancel(job_id)
+            cancelled.append(job_id)
         except AirHpcError as exc:
             log.warning("could not cancel job %s: %s", job_id, exc)
+    if cancelled:
+        say(f"cancelled job(s) {', '.join(cancelled)}")
 
 
 def _clean_up(
@@ -240,9 +247,7 @@ def _clean_up(
     back. Ranks continue first, so that a cancelled job's ranks can act on their SIGTERM."""
     if target is not None and (continued := continue_stopped(target)):
         say(f"continued {continued} stopped rank process(es) (SIGCONT)")
-    if unfinished:
-        _cancel(client, unfinished)
-        say(f"cancelled job(s) {', '.join(unfinished)}")
+    _cancel(client, unfinished, say)
     if target is None or target.node_control is None:
         return
     for node in target.killed:

@@ -79,8 +79,8 @@ def chaos(
     if warning := timeout_warning(job, kinds, timeout_s):
         click.echo(f"warning: {warning}", err=True)
     bed = Testbed(state_dir)
+    say(f"testbed {bed.layout.root}")
     status = bed.up()
-    say(f"testbed {bed.layout.root} ({len(status['nodes'])} nodes)")
     campaign = Campaign(Path(job_file), overrides, kinds, count, seed, Path(status["topology_conf"]), timeout_s)
 
     def announce(injection: "Injection") -> None:

@@ -113,8 +113,9 @@ def test_chaos_warns_before_it_starts_the_testbed(
     monkeypatch.setattr("air_hpc.testbed.Testbed.up", up)
     args = ["chaos", TESTBED_JOB, "--faults", "hang", "--count", "1", "--timeout-s", "30"]
     code, _, err = run_main([*args, "--state-dir", str(tmp_path / "tb")])
-    warning, error = err.splitlines()
+    warning, testbed, error = err.splitlines()
     assert warning.startswith("warning: --timeout-s 30 is not longer than the job's hang limit") and started
+    assert testbed == f"chaos: testbed {(tmp_path / 'tb').resolve()}"
     assert code != 0 and "testbed not started in this test" in error
 
 
@@ -177,3 +178,10 @@ def test_a_rank_the_campaign_stopped_is_continued_however_it_ends(
     assert settled(sleeper, psutil.STATUS_SLEEPING) and target.stopped == []
     assert fake.jobs["7"].state == JobState.CANCELLED
     assert lines == ["continued 1 stopped rank process(es) (SIGCONT)", "cancelled job(s) 7"]
+
+
+def test_a_copy_that_already_ended_is_said_not_cancelled(tmp_path: Path) -> None:
+    fake, target = _target(tmp_path, steps=3, state=JobState.COMPLETED)
+    lines: list[str] = []
+    _clean_up(fake, target, ["7"], lines.append)
+    assert fake.jobs["7"].state == JobState.COMPLETED and lines == ["job 7 had already ended (COMPLETED)"]
