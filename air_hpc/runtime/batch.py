@@ -160,13 +160,21 @@ def emit(run_dir: RunDir, job: JobStart, kind: str, at_s: float | None = None, *
     )
 
 
-def slurm_preemption(client: SlurmClient, job_id: str) -> Preemption | None:
-    """Asked once, briefly, as the job ends: an unanswered question means "not preempted"."""
+#: Slurm's states of a job it is ending while the batch script still runs (scancel, the time limit: ``scontrol``
+#: shows COMPLETING): the ranks got its SIGTERM as a stop and saved, and a requeue would bring back a job that was
+#: meant to end.
+SLURM_ENDING = frozenset({"COMPLETING", "CANCELLED", "TIMEOUT", "DEADLINE"})
+
+
+def slurm_view(client: SlurmClient, job_id: str) -> tuple[Preemption | None, str]:
+    """Asked once, briefly, as the job ends: Slurm's own preemption of it and its state (an unanswered question
+    means "not preempted, still running")."""
     try:
-        return client.preemption(job_id, retry=IN_JOB)
+        fields = client.show_job(job_id, retry=IN_JOB) or {}
+        return client.preemption_in(fields, retry=IN_JOB), fields.get("JobState", "")
     except SlurmError as exc:
-        log.warning("cannot tell whether Slurm preempted the job: %s", exc)
-        return None
+        log.warning("cannot tell whether Slurm preempted or ends the job: %s", exc)
+        return None, ""
 
 
 def finish(
@@ -187,7 +195,10 @@ def finish(
         say(f"step failed with exit code {rc}; a requeue would fail the same way")
         return rc, False
     crashed = rc not in REQUEUE_WORTHY  # a rank died or raised: resume from the newest checkpoint
-    preempted = slurm_preemption(client, job.job_id)
+    preempted, state = slurm_view(client, job.job_id)
+    if preempted is None and state in SLURM_ENDING:
+        say(f"step exited {rc} while Slurm ends the job ({state}); not requeueing")
+        return rc, False
     if preempted is not None:
         emit(
             run_dir,

@@ -394,7 +394,10 @@ class SlurmClient:
 
         Who requeues it depends on the release; one whose version cannot be read counts as older than 24.05.
         """
-        fields = self.show_job(job_id, retry=retry) or {}
+        return self.preemption_in(self.show_job(job_id, retry=retry) or {}, retry=retry)
+
+    def preemption_in(self, fields: Mapping[str, str], *, retry: RetryPolicy = PATIENT) -> Preemption | None:
+        """:meth:`preemption` from the job's ``scontrol show job`` fields (the release is asked only if preempted)."""
         if slurm_epoch(fields.get("PreemptTime", "")) is None:
             return None
         try:

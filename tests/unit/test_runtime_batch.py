@@ -82,6 +82,25 @@ def test_a_job_slurm_preempted_is_requeued_once_by_whoever_the_release_says(
     assert slurm.calls[-2:] == [["scontrol", "--oneliner", "show", "job", "4242"], ["scontrol", "--version"]]
 
 
+@pytest.mark.parametrize("state", [JobState.COMPLETING, JobState.CANCELLED, JobState.TIMEOUT])
+def test_a_job_slurm_is_ending_is_not_requeued_after_its_ranks_saved(tmp_path: Path, state: JobState) -> None:
+    """scancel or the time limit sends the batch shell SIGTERM, a stop: the ranks save and exit 85, and the job
+    must end as Slurm says, not come back (a requeue of a CANCELLED job succeeds)."""
+    slurm = FakeSlurm()
+    slurm.jobs["4242"] = FakeJob("4242", "run", 1, "", state=state)
+    run_dir = RunDir(tmp_path)
+    assert finish(run_dir, tmp_path / "heartbeat" / "4242-0", JOB, ExitCode.REQUEUE, 3, slurm) == (
+        ExitCode.REQUEUE,
+        False,
+    )
+    assert not run_dir.events.exists()
+    slurm.jobs["4242"].state = JobState.RUNNING  # a TERM to the batch shell alone: a stop like any other
+    assert finish(run_dir, tmp_path / "heartbeat" / "4242-0", JOB, ExitCode.REQUEUE, 3, slurm) == (
+        ExitCode.REQUEUE,
+        True,
+    )
+
+
 def test_an_unanswered_preemption_question_means_not_preempted(tmp_path: Path) -> None:
     slurm = FakeSlurm(retries=5)
     slurm.reachable = False
