@@ -7,6 +7,7 @@ same one without asking, two jobs rarely share one, and a start never needs the 
 start used (a process left over from it might still hold it). Where the batch script runs on rank
 0's node it also checks that the port can be bound, and takes the next one in the span that can,
 before it publishes MASTER_PORT to the ranks: a taken port is replaced, not retried into a crash loop.
+The in-job supervisor does the same before it restarts a step (:func:`free_port_from`).
 """
 
 import contextlib
@@ -58,7 +59,11 @@ def can_bind(port: int) -> bool:
 
 def free_master_port(job_id: int, restart_count: int, bindable: Callable[[int], bool] = can_bind) -> int:
     """This start's port, or the first one after it in the span that ``bindable`` accepts (run on rank 0's node)."""
-    first = master_port(job_id, restart_count)
+    return free_port_from(master_port(job_id, restart_count), bindable)
+
+
+def free_port_from(first: int, bindable: Callable[[int], bool] = can_bind) -> int:
+    """``first``, or the first port after it in the span that ``bindable`` accepts; ``first`` if none of them is."""
     for offset in range(PORTS_TRIED):
         port = MASTER_PORT_BASE + (first - MASTER_PORT_BASE + offset) % MASTER_PORT_SPAN
         if bindable(port):

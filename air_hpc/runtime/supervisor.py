@@ -39,6 +39,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -67,6 +68,7 @@ from air_hpc.records.generation import (
 from air_hpc.records.names import ARMED_FILE_PREFIX, BEAT_GLOB, STOP_REQUESTED_FILE, SUPERVISOR_ARMED_FILE
 from air_hpc.records.rundir import RunDir
 from air_hpc.runtime.probe import PROBE_TIMEOUT_S, probe_dead
+from air_hpc.runtime.rendezvous import free_port_from
 from air_hpc.runtime.stop_signals import STOP_SIGNALS
 from air_hpc.slurm import env as slurm_env
 from air_hpc.slurm.client import SlurmClient
@@ -399,7 +401,14 @@ class Supervisor:
         env = {**self.environ, slurm_env.HOSTFILE: str(self.hostfile), STEP_ATTEMPT_ENV: str(attempt)}
         if "MASTER_ADDR" not in self.job.env:
             env["MASTER_ADDR"] = rank_hosts[0]
+        if attempt and "MASTER_PORT" not in self.job.env and self.environ.get("MASTER_PORT"):
+            env["MASTER_PORT"] = str(self._restart_port(rank_hosts[0], int(self.environ["MASTER_PORT"])))
         return env
+
+    def _restart_port(self, rank_0_host: str, port: int) -> int:
+        """The start's port, replaced where rank 0 runs on this node and something (the killed step's) holds it."""
+        here = self.slurm.nodename or socket.gethostname()
+        return free_port_from(port) if rank_0_host == here else port
 
     def _stale(self, gen_dir: Path) -> bool:
         """No rank has beaten for the backstop time (only once some rank has beaten at all)."""

@@ -9,9 +9,14 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+from air_hpc.config import load_job
 from air_hpc.records.rundir import RunDir
 from air_hpc.runtime.batch import JobStart, start
 from air_hpc.runtime.rendezvous import MASTER_PORT_BASE, MASTER_PORT_SPAN, can_bind, free_master_port, master_port
+from air_hpc.runtime.supervisor import Supervisor
+from air_hpc.slurm.client import SlurmClient
+
+TESTBED_JOB = Path(__file__).resolve().parents[2] / "configs" / "jobs" / "gpt-tiny-testbed.yaml"
 
 
 def test_each_start_of_a_job_derives_its_own_port_in_the_span() -> None:
@@ -64,3 +69,21 @@ def test_the_batch_script_publishes_a_free_port_when_rank_0_runs_on_its_node(tmp
         # rank 0 on another node: that node's ports cannot be checked from here; the derived port stands
         on_n2 = {**on_n1, "SLURMD_NODENAME": "n2"}
         assert start(RunDir(tmp_path), job, on_n2, [], master=True)[-1] == str(master_port(job_id))
+
+
+def test_an_in_job_restart_replaces_a_port_held_on_rank_0s_node(tmp_path: Path, small_corpus: Path) -> None:
+    """The supervisor's next step must not need the port the killed step's rank 0 (or anything) holds."""
+    job = load_job(TESTBED_JOB, [f"run.root={tmp_path / 'runs'}", f"data.path={small_corpus}"])
+    with held_port(all_addresses=True) as job_id:
+        port = master_port(job_id)
+        environ = {
+            "SLURM_JOB_ID": str(job_id),
+            "SLURMD_NODENAME": "n3",
+            "SLURM_HOSTFILE": str(tmp_path / "hostfile"),
+            "MASTER_PORT": str(port),
+        }
+        sup = Supervisor(job, RunDir.of(job), ["srun"], environ, SlurmClient())
+        assert sup._step_env(0, ["n3", "n4"])["MASTER_PORT"] == str(port)  # the batch script checked it
+        restarted = int(sup._step_env(1, ["n3", "n4"])["MASTER_PORT"])
+        assert restarted != port and can_bind(restarted)
+        assert sup._step_env(1, ["n4", "n3"])["MASTER_PORT"] == str(port)  # rank 0 elsewhere: not checkable here
