@@ -22,6 +22,7 @@ from air_hpc.observe.records import load_records
 from air_hpc.observe.report import build_report, format_report
 from air_hpc.ops.control import run_status, watch_run
 from air_hpc.ops.waiting import describe_failure, wait_deadline_s, wait_slurm
+from air_hpc.records.events import EventKind, read_events
 from air_hpc.records.jsonl import read_jsonl
 from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.client import ONCE, SlurmClient
@@ -35,6 +36,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: Shipped with the presets, so the demo runs from a wheel too (it overrides every path the job file sets).
+#: The events the demo prints after the preemption: the story of a stop, a save, a requeue and a resume.
+SHOWN_KINDS = frozenset(
+    {EventKind.SIGNAL, EventKind.STOP, EventKind.CHECKPOINT_SAVED, EventKind.REQUEUE, EventKind.RESUME}
+)
 DEMO_JOB = PRESETS_DIR / "jobs" / "gpt-tiny-testbed.yaml"
 
 
@@ -136,8 +141,8 @@ def _preempt_and_wait(
         final = wait_slurm(client, job_id, timeout_s=wait_deadline_s(job), poll_s=1.0, on_change=show)
     else:
         final = watch_run(lambda: run_status(run_dir, client), console, timeout_s=wait_deadline_s(job), poll_s=1.0).job
-    for event in read_jsonl(run_dir.events) if run_dir.events.exists() else []:
-        if event.get("kind") in {"signal", "stop", "checkpoint_saved", "requeue", "resume"}:
+    for event in read_events(run_dir.events):
+        if event.get("kind") in SHOWN_KINDS:
             shown = ("step", "reason", "seconds", "signal", "exit_code")
             details = ", ".join(f"{k}={event[k]}" for k in shown if k in event)
             echo(f"  {event['kind']}: {details}")

@@ -24,8 +24,9 @@ from air_hpc.config.models import JobConfig
 from air_hpc.errors import AirHpcError, UserError
 from air_hpc.launch.submit import Submission, submit
 from air_hpc.observe.compare import compare_runs
-from air_hpc.observe.records import START_KIND, StepRecord, load_records, parse_events, parse_steps
+from air_hpc.observe.records import StepRecord, load_records, parse_events, parse_steps
 from air_hpc.observe.report import build_report
+from air_hpc.records.events import EventKind
 from air_hpc.records.jsonl import read_jsonl
 from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.client import SlurmClient
@@ -164,7 +165,7 @@ class _Watch:
         after = injection.injected_s
         if injection.fault.kind not in NO_RESTART_KINDS:
             events = parse_events(read_jsonl(self.target.run_dir.events))
-            starts = [e.time_s for e in events if e.kind == START_KIND and e.time_s >= after]
+            starts = [e.time_s for e in events if e.kind == EventKind.START and e.time_s >= after]
             if not starts:
                 return False
             after = starts[0]

@@ -19,11 +19,22 @@ from dataclasses import asdict, dataclass
 from air_hpc.chaos.schedule import NO_RESTART_KINDS, Fault
 from air_hpc.exitcodes import ExitCode
 from air_hpc.observe.compare import Comparison
-from air_hpc.observe.records import RESUME_KIND, START_KIND, STARTUP_KIND, Event, RunRecords, StepRecord
+from air_hpc.observe.records import Event, RunRecords, StepRecord
+from air_hpc.records.events import EventKind
 
-#: Events that show the job noticed a fault (the batch shell, the ranks' stop, the watchdog, the requeue).
+#: Events that show the job noticed a fault (the batch shell, the ranks' stop, the watchdog, the pre-flight
+#: check, the supervisor's dead node, a rank's exception, the requeue).
 DETECTION_KINDS = frozenset(
-    {"signal", "stop", "hang", "unhealthy", "requeue", "straggler", "rank_failed", "node_failed"}
+    {
+        EventKind.SIGNAL,
+        EventKind.STOP,
+        EventKind.HANG,
+        EventKind.UNHEALTHY,
+        EventKind.NODE_DEAD,
+        EventKind.RANK_FAILED,
+        EventKind.REQUEUE,
+        EventKind.STRAGGLER,
+    }
 )
 
 
@@ -125,13 +136,13 @@ def _restart_outcome(
     records: RunRecords, injection: Injection, events: list[Event], restart: Event, after: list[StepRecord]
 ) -> tuple[float | None, int, int]:
     """(when training went on, the step it resumed from, steps lost) for a fault the job restarted after."""
-    resume = next((e for e in events if e.kind == RESUME_KIND and e.time_s >= restart.time_s), None)
+    resume = next((e for e in events if e.kind == EventKind.RESUME and e.time_s >= restart.time_s), None)
     step = resume.number("step") if resume else None
     resumed_from = int(step) if step is not None else 0  # no resume event: started from scratch
     first_step = next((s.time_s for s in after if s.time_s is not None and s.time_s > restart.time_s), None)
     # The restart's own record of its first step: metrics of steps a later fault made the run train again
     # are dropped at that resume, but events are never rewritten.
-    startup = next((e.time_s for e in events if e.kind == STARTUP_KIND and e.time_s > restart.time_s), None)
+    startup = next((e.time_s for e in events if e.kind == EventKind.STARTUP and e.time_s > restart.time_s), None)
     first_s = min((t for t in (first_step, startup) if t is not None), default=None)
     if first_s is None and resume is not None and records.total_steps and resumed_from >= records.total_steps:
         first_s = resume.time_s  # it resumed at the last step: nothing was left to train
@@ -146,7 +157,7 @@ def fault_outcome(records: RunRecords, injection: Injection, until_s: float) -> 
         return _skipped(injection, injection.skipped)
     events = [e for e in records.events if since <= e.time_s < until_s]
     detected = next((e.time_s - since for e in events if e.kind in DETECTION_KINDS), None)
-    restart = next((e for e in events if e.kind == START_KIND), None)
+    restart = next((e for e in events if e.kind == EventKind.START), None)
     after = [s for s in records.steps if s.time_s is not None and since < s.time_s < until_s]
     total = records.total_steps
     if (

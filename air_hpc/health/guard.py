@@ -17,7 +17,7 @@ from air_hpc.exitcodes import ExitCode
 from air_hpc.health.heartbeat import Heartbeat
 from air_hpc.health.preflight import PEER_WAIT_S, enforce, run_preflight
 from air_hpc.health.watchdog import PhaseLimits, Watchdog
-from air_hpc.records.events import EventLog
+from air_hpc.records.events import EventLog, Start
 from air_hpc.records.generation import generation, generation_dir, write_exit_code
 from air_hpc.records.rundir import RunDir
 
@@ -42,7 +42,7 @@ def rank_guard(
     directory = generation_dir(run_dir, name)
     events = EventLog(run_dir.events)
     if rank == 0:
-        events.emit("start", generation=name, world_size=world_size, host=host)
+        events.emit(Start(generation=name, world_size=world_size, host=host))
         prune_generations(run_dir, keep=name)
     if job.health.preflight:
         enforce(run_preflight(job, host), run_dir, directory, rank, peer_wait_s)

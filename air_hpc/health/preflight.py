@@ -27,7 +27,7 @@ from air_hpc.errors import AirHpcError
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.badnodes import append_bad_nodes
 from air_hpc.health.ibstat import parse_ibstat, select_ports
-from air_hpc.records.events import EventLog
+from air_hpc.records.events import EventLog, Unhealthy
 from air_hpc.records.generation import write_exit_code
 from air_hpc.records.names import PREFLIGHT_PREFIX
 from air_hpc.records.rundir import RunDir
@@ -246,10 +246,7 @@ def enforce(
     added = append_bad_nodes(run_dir.bad_nodes, [report.host], f"unhealthy: {message}")
     if added:
         EventLog(run_dir.events).emit(
-            "unhealthy",
-            node=report.host,
-            rank=rank,
-            failed={c.name: c.detail for c in report.failures},
+            Unhealthy(node=report.host, rank=rank, failed={c.name: c.detail for c in report.failures})
         )
     write_exit_code(generation_dir, ExitCode.UNHEALTHY)
     raise UnhealthyNodeError(message)

@@ -42,7 +42,7 @@ from air_hpc.config.models import HealthConfig
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.badnodes import append_bad_nodes
 from air_hpc.health.heartbeat import Beat, Heartbeat, Phase, read_beats
-from air_hpc.records.events import EventLog
+from air_hpc.records.events import EventLog, Hang
 from air_hpc.records.generation import write_exit_code
 
 log = logging.getLogger(__name__)
@@ -293,14 +293,15 @@ class Watchdog:
             append_bad_nodes(self.bad_nodes_path, suspects.hosts, reason)
         if self.events is not None:
             self.events.emit(
-                "hang",
-                step=beat.step,
-                phase=beat.phase,
-                silent_s=round(silent_s, 3),
-                detected_by=beat.rank,
-                suspect_ranks=list(suspects.ranks),
-                suspect_nodes=list(suspects.hosts),
-                why=suspects.why,
+                Hang(
+                    step=beat.step,
+                    phase=beat.phase,
+                    silent_s=round(silent_s, 3),
+                    detected_by=beat.rank,
+                    suspect_ranks=list(suspects.ranks),
+                    suspect_nodes=list(suspects.hosts),
+                    why=suspects.why,
+                )
             )
 
     def _dump_stacks(self) -> None:

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from air_hpc.observe.records import CHECKPOINT_KIND, PREEMPT_KINDS, RunRecords, StepRecord
+from air_hpc.observe.records import PREEMPT_KINDS, RunRecords, StepRecord
 from air_hpc.observe.report import RunReport
+from air_hpc.records.events import EventKind
 
 CAUSE_COLORS = {"preemption": "tab:orange", "hang": "tab:red", "unhealthy": "tab:purple", "unknown": "tab:gray"}
 STARTUP_COLOR = "tab:cyan"
@@ -163,7 +164,7 @@ def _timeline(ax: Any, records: RunRecords, report: RunReport, minutes: Any) -> 
             ax.broken_barh(
                 [(began, minutes(timed[-1].time_s or 0) - began)], (rows["train"] - 0.3, 0.6), color="tab:green"
             )
-    saves = [minutes(e.time_s) for e in records.of_kind(CHECKPOINT_KIND)]
+    saves = [minutes(e.time_s) for e in records.of_kind(EventKind.CHECKPOINT_SAVED)]
     ax.scatter(saves, [rows["checkpoint"]] * len(saves), marker="v", color="tab:blue", zorder=3, label="checkpoint")
     for kinds, color, marker, label in (
         (PREEMPT_KINDS, CAUSE_COLORS["preemption"], "X", "preemption"),

@@ -11,7 +11,8 @@ from rich.console import Group, RenderableType
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-from air_hpc.observe.records import CHECKPOINT_KIND, RunRecords
+from air_hpc.observe.records import RunRecords
+from air_hpc.records.events import EventKind
 
 #: Steps whose median time and throughput give the ETA (recent, robust to one slow step).
 RECENT_STEPS = 10
@@ -73,7 +74,7 @@ def run_progress(records: RunRecords, now_s: float) -> RunProgress | None:
     times = [s.step_time_s for s in recent if s.step_time_s is not None]
     rates = [s.tokens_per_s for s in recent if s.tokens_per_s is not None]
     remaining = max(records.total_steps - last.step, 0) if records.total_steps else None
-    saves = records.of_kind(CHECKPOINT_KIND)
+    saves = records.of_kind(EventKind.CHECKPOINT_SAVED)
     saved = saves[-1] if saves else None
     saved_step = saved.number("step") if saved else None
     return RunProgress(

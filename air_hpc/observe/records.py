@@ -8,28 +8,17 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from air_hpc.records.events import EventKind
 from air_hpc.records.jsonl import read_jsonl
 from air_hpc.records.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
-#: Event kinds that mean "this start was stopped from outside to be resumed later".
-PREEMPT_KINDS = frozenset({"signal", "preempt", "preempted", "stop", "stop_requested", "deadline", "time_limit"})
+#: Event kinds that mean "this start was stopped to be resumed later" (a signal, Slurm's preemption, the
+#: ranks' agreed stop, which the deadline also makes).
+PREEMPT_KINDS = frozenset({EventKind.SIGNAL, EventKind.PREEMPTED, EventKind.STOP})
 #: Event kinds that end a start because a node failed.
-FAULT_KINDS = frozenset({"hang", "unhealthy"})
-CHECKPOINT_KIND = "checkpoint_saved"
-#: The choice of ``checkpoint.interval_steps: auto`` (air_hpc.resilience.interval).
-INTERVAL_KIND = "checkpoint_interval"
-#: The event of a run that stopped itself instead of requeueing again (air_hpc.resilience.progress).
-CRASH_LOOP_KIND = "crash_loop"
-RESUME_KIND = "resume"
-#: A node whose ranks were consistently busier per step than the others (``air_hpc.health.stragglers``).
-STRAGGLER_KIND = "straggler"
-#: Every rank's start-up phases, once per start (``air_hpc.train.startup``).
-STARTUP_KIND = "startup"
-START_KIND = "start"
-#: A rank's start ended in an exception (``air_hpc.runtime.entry``): its type and first line name the crash.
-CRASH_KIND = "rank_failed"
+FAULT_KINDS = frozenset({EventKind.HANG, EventKind.UNHEALTHY})
 
 
 @dataclass(frozen=True)
@@ -74,7 +63,9 @@ class RunRecords:
     @property
     def straggler_nodes(self) -> tuple[str, ...]:
         """Nodes reported as stragglers at any time in the run, each once, in the order first reported."""
-        nodes = [str(e.fields["node"]) for e in self.of_kind(STRAGGLER_KIND) if isinstance(e.fields.get("node"), str)]
+        nodes = [
+            str(e.fields["node"]) for e in self.of_kind(EventKind.STRAGGLER) if isinstance(e.fields.get("node"), str)
+        ]
         return tuple(dict.fromkeys(nodes))
 
 
@@ -118,7 +109,7 @@ def start_times(events: tuple[Event, ...], submissions: list[dict[str, Any]]) ->
     """
     starts = [t for row in submissions if row.get("kind") == "started" and (t := _float(row.get("time")))]
     if not starts:
-        starts = [e.time_s for e in events if e.kind == START_KIND]
+        starts = [e.time_s for e in events if e.kind == EventKind.START]
     return tuple(sorted(starts))
 
 
@@ -151,7 +142,7 @@ def load_records(run_dir: RunDir) -> RunRecords:
 
 def stop_reason(records: RunRecords) -> str | None:
     """Why the run stopped itself instead of requeueing (its last ``crash_loop`` event), or None."""
-    stops = records.of_kind(CRASH_LOOP_KIND)
+    stops = records.of_kind(EventKind.CRASH_LOOP)
     why = stops[-1].fields.get("why") if stops else None
     return f"crash loop: {why}" if isinstance(why, str) else None
 
@@ -166,7 +157,7 @@ def crash_text(event: Event) -> str:
 
 def last_crash(records: RunRecords) -> str | None:
     """What the run's last crashed start raised (its first ``rank_failed`` event), or None."""
-    crashes = records.of_kind(CRASH_KIND)
+    crashes = records.of_kind(EventKind.RANK_FAILED)
     if not crashes:
         return None
     start = max((s for s in records.starts_s if s <= crashes[-1].time_s), default=None)
@@ -177,6 +168,8 @@ def last_crash(records: RunRecords) -> str | None:
 def longest_sync_save_s(events: tuple[Event, ...]) -> float | None:
     """The longest synchronous save (what a preemption's save costs), or None before one was measured."""
     seconds = [
-        s for e in events if e.kind == CHECKPOINT_KIND and e.fields.get("async") is False and (s := e.number("seconds"))
+        s
+        for e in events
+        if e.kind == EventKind.CHECKPOINT_SAVED and e.fields.get("async") is False and (s := e.number("seconds"))
     ]
     return max(seconds, default=None)

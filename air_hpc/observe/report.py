@@ -26,20 +26,15 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from air_hpc.observe.records import (
-    CHECKPOINT_KIND,
-    CRASH_KIND,
     FAULT_KINDS,
-    INTERVAL_KIND,
     PREEMPT_KINDS,
-    RESUME_KIND,
-    STARTUP_KIND,
-    STRAGGLER_KIND,
     Event,
     RunRecords,
     StepRecord,
     crash_text,
     stop_reason,
 )
+from air_hpc.records.events import EventKind
 
 
 @dataclass(frozen=True)
@@ -166,7 +161,7 @@ def _began_s(step: StepRecord) -> float | None:
 def _interruption(records: RunRecords, since_s: float, until_s: float) -> tuple[str, float | None, int | None]:
     """(cause, time, last completed step) of what ended the start running from ``since_s`` to ``until_s``."""
     events = [e for e in records.events if since_s <= e.time_s < until_s]
-    crash = next((e for e in events if e.kind == CRASH_KIND), None)
+    crash = next((e for e in events if e.kind == EventKind.RANK_FAILED), None)
     if crash is not None:  # the first rank that raised; the others usually failed because of it
         return "crashed", crash.time_s, None
     for event in reversed(events):
@@ -181,7 +176,7 @@ def _interruption(records: RunRecords, since_s: float, until_s: float) -> tuple[
 
 def _resumed_from(records: RunRecords, since_s: float, until_s: float) -> int:
     """The checkpoint step a start resumed from (0: from scratch)."""
-    steps = [e.number("step") for e in records.of_kind(RESUME_KIND) if since_s <= e.time_s < until_s]
+    steps = [e.number("step") for e in records.of_kind(EventKind.RESUME) if since_s <= e.time_s < until_s]
     return int(steps[0]) if steps and steps[0] is not None else 0
 
 
@@ -202,7 +197,7 @@ def build_report(records: RunRecords) -> RunReport | None:
     submitted = records.submitted_s if records.submitted_s is not None and records.submitted_s <= starts[0] else None
     origin = submitted if submitted is not None else starts[0]
     wall = last - origin
-    saves = records.of_kind(CHECKPOINT_KIND)
+    saves = records.of_kind(EventKind.CHECKPOINT_SAVED)
     stalls = _stalls(saves, restarts, last)
     breakdown = _breakdown(records, starts, segments, restarts, stalls, origin, last)
     return RunReport(
@@ -222,7 +217,7 @@ def build_report(records: RunRecords) -> RunReport | None:
         submitted_s=submitted,
         stragglers=stragglers_seen(records),
         starts_to_first_step_s=tuple(
-            s for e in records.of_kind(STARTUP_KIND) if (s := e.number("to_first_step_s")) is not None
+            s for e in records.of_kind(EventKind.STARTUP) if (s := e.number("to_first_step_s")) is not None
         ),
         stopped_because=stop_reason(records),
         auto_interval=_auto_interval(records, breakdown.checkpoint_stall_s + breakdown.lost_work_s, wall),
@@ -257,7 +252,9 @@ def _restarts(records: RunRecords, starts: list[float], segments: list[list[Step
         before, after = segments[number - 1], segments[number]
         kept_through = _resumed_from(records, starts[number], bounds[number])
         cause, stopped_s, reached = _interruption(records, starts[number - 1], starts[number])
-        crash = next((e for e in records.of_kind(CRASH_KIND) if starts[number - 1] <= e.time_s < starts[number]), None)
+        crash = next(
+            (e for e in records.of_kind(EventKind.RANK_FAILED) if starts[number - 1] <= e.time_s < starts[number]), None
+        )
         last_row_s = max((s.time_s or 0.0 for s in before), default=None)
         interrupted = stopped_s if stopped_s is not None else (last_row_s or starts[number - 1])
         kept = [s.time_s or 0.0 for s in before if s.step <= kept_through]
@@ -317,7 +314,7 @@ def _breakdown(
 
 
 def _auto_interval(records: RunRecords, wasted_s: float, wall_s: float) -> AutoInterval | None:
-    choices = records.of_kind(INTERVAL_KIND)
+    choices = records.of_kind(EventKind.CHECKPOINT_INTERVAL)
     if not choices:
         return None
     last = choices[-1]
@@ -351,7 +348,7 @@ def _cost(records: RunRecords, starts: list[float], last: float, breakdown: Time
 def stragglers_seen(records: RunRecords) -> tuple[StragglerSeen, ...]:
     """Each straggler node once, as first reported."""
     seen: dict[str, StragglerSeen] = {}
-    for event in records.of_kind(STRAGGLER_KIND):
+    for event in records.of_kind(EventKind.STRAGGLER):
         node = event.fields.get("node")
         if isinstance(node, str) and node not in seen:
             step = event.number("step")

@@ -44,15 +44,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from air_hpc.backend.collectives import Collectives, ProcessGroup
 from air_hpc.config.layout import ParallelLayout
 from air_hpc.errors import CheckpointError, UnusableCheckpointsError
-from air_hpc.records.events import EventLog
+from air_hpc.records.events import (
+    CheckpointFailed,
+    CheckpointPartial,
+    CheckpointSaved,
+    CheckpointSkipped,
+    EventLog,
+    FreshStart,
+    Payload,
+    Resume,
+)
 from air_hpc.resilience import state
 from air_hpc.resilience.failures import describe_error, file_system_problem, os_error_in
 from air_hpc.resilience.store import Check, CheckpointStore, step_name
 from air_hpc.resilience.training_state import TrainingState
 from air_hpc.resilience.writer import Writer, write_and_hash
-from air_hpc.train.collectives import Collectives, ProcessGroup
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +277,7 @@ class Checkpointer:
         pending.stop_writer()
         log.warning("step %d: the async save of step %d is superseded before it finished", superseded_by, pending.step)
         if self.rank == 0:
-            self._emit("checkpoint_skipped", step=pending.step, why=f"superseded by the save of step {superseded_by}")
+            self._emit(CheckpointSkipped(step=pending.step, why=f"superseded by the save of step {superseded_by}"))
 
     def wait(self) -> None:
         """Block until the in-flight save (if any) is durable and committed."""
@@ -298,7 +307,7 @@ class Checkpointer:
             why = f"the background writers did not finish within {self.async_wait_s:g} s; the save is abandoned"
             log.error("step %d: %s", pending.step, why)
             if self.rank == 0:
-                self._emit("checkpoint_failed", step=pending.step, why=why)
+                self._emit(CheckpointFailed(step=pending.step, why=why))
             return False
         return True
 
@@ -356,7 +365,7 @@ class Checkpointer:
 
     def _discard(self, step: int, why: str) -> None:
         """Rank 0: a ``checkpoint_failed`` event, and the failed save's staging directory removed."""
-        self._emit("checkpoint_failed", step=step, why=why)
+        self._emit(CheckpointFailed(step=step, why=why))
         staging = self._staging_path(step)
         shutil.rmtree(staging, ignore_errors=True)
         if staging.exists():
@@ -389,21 +398,22 @@ class Checkpointer:
         manifest = self.store.verify(pending.step, check="size")
         seconds = time.perf_counter() - pending.started_s
         self._emit(
-            "checkpoint_saved",
-            step=pending.step,
-            bytes=manifest.bytes,
-            seconds=round(seconds, 4),
-            stall_s=round(seconds if sync else pending.stall_s, 4),
-            path=str(path),
-            reason=pending.reason,
-            phases=pending.phases,
-            **{"async": not sync},
+            CheckpointSaved(
+                step=pending.step,
+                bytes=manifest.bytes,
+                seconds=round(seconds, 4),
+                stall_s=round(seconds if sync else pending.stall_s, 4),
+                path=str(path),
+                reason=pending.reason,
+                phases=pending.phases,
+                async_=not sync,
+            )
         )
         log.info("saved step %d (%s): %s", pending.step, "sync" if sync else "async", pending.phases)
 
-    def _emit(self, kind: str, **fields: Any) -> None:
+    def _emit(self, payload: Payload) -> None:
         if self.events is not None:
-            self.events.emit(kind, **fields)
+            self.events.emit(payload)
 
     # -- resuming -----------------------------------------------------------------------------
     def find_resume_step(self) -> int | None:
@@ -418,7 +428,7 @@ class Checkpointer:
         if rank == 0:
             for path in self.store.partial():
                 log.warning("ignoring %s: a save that did not finish", path)
-                self._emit("checkpoint_partial", path=str(path), why="save did not finish; ignored")
+                self._emit(CheckpointPartial(path=str(path), why="save did not finish; ignored"))
             listing = sorted(self.store.committed_steps(), reverse=True)
         failures: list[str] = []
         for step in self.comm.broadcast_from_0(listing):
@@ -435,7 +445,7 @@ class Checkpointer:
                 return int(step)
             if rank == 0:
                 log.warning("skipping checkpoint step %d: %s", step, found[0])
-                self._emit("checkpoint_skipped", step=step, why=found[0])
+                self._emit(CheckpointSkipped(step=step, why=found[0]))
             failures.append(found[0])
         if failures and not self.allow_fresh_start:
             raise UnusableCheckpointsError(
@@ -446,7 +456,7 @@ class Checkpointer:
             )
         if failures and rank == 0:
             log.warning("no usable checkpoint; starting from scratch (checkpoint.allow_fresh_start)")
-            self._emit("fresh_start", skipped=len(failures))
+            self._emit(FreshStart(skipped=len(failures)))
         return None
 
     def resume(self, training: TrainingState, reseed: Callable[[int], None] | None = None) -> state.Loaded | None:
@@ -460,11 +470,12 @@ class Checkpointer:
         loaded = self.format.load(self.store.path(step), training, reseed)
         if self.rank == 0:
             self._emit(
-                "resume",
-                step=loaded.step,
-                seconds=round(time.perf_counter() - started, 4),
-                layout_changed=loaded.layout_changed,
-                rng_restored=loaded.rng_restored,
-                saved_layout=str(loaded.saved_layout),
+                Resume(
+                    step=loaded.step,
+                    seconds=round(time.perf_counter() - started, 4),
+                    layout_changed=loaded.layout_changed,
+                    rng_restored=loaded.rng_restored,
+                    saved_layout=str(loaded.saved_layout),
+                )
             )
         return loaded

@@ -12,12 +12,11 @@ import logging
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
-from air_hpc.observe.records import INTERVAL_KIND
+from air_hpc.records.events import CheckpointInterval
 
-__all__ = ["INTERVAL_KIND", "CheckpointSchedule", "IntervalChoice", "choose", "daly_interval_s", "expected_waste"]
+__all__ = ["CheckpointSchedule", "IntervalChoice", "choose", "daly_interval_s", "expected_waste"]
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +50,17 @@ class IntervalChoice:
     mtbf_h: float
     expected_waste: float
 
-    def to_event(self) -> dict[str, Any]:
-        return {k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(self).items()}
+    def to_event(self, step: int) -> CheckpointInterval:
+        """The ``checkpoint_interval`` event of this choice, made after the save of ``step``."""
+        return CheckpointInterval(
+            step=step,
+            steps=self.steps,
+            interval_s=round(self.interval_s, 6),
+            save_cost_s=round(self.save_cost_s, 6),
+            step_time_s=round(self.step_time_s, 6),
+            mtbf_h=round(self.mtbf_h, 6),
+            expected_waste=round(self.expected_waste, 6),
+        )
 
 
 def choose(save_cost_s: float, step_time_s: float, mtbf_h: float) -> IntervalChoice:

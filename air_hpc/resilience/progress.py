@@ -15,10 +15,9 @@ from typing import Any
 
 from air_hpc.errors import AirHpcError
 from air_hpc.exitcodes import ExitCode
-from air_hpc.observe.records import CHECKPOINT_KIND as SAVED_KIND
-from air_hpc.observe.records import CRASH_LOOP_KIND, START_KIND
+from air_hpc.records.events import EventKind
 
-__all__ = ["CRASH_LOOP_KIND", "CrashLoopError", "check_progress", "no_progress_restarts", "starts"]
+__all__ = ["CrashLoopError", "check_progress", "no_progress_restarts", "starts"]
 
 
 class CrashLoopError(AirHpcError):
@@ -39,9 +38,9 @@ def starts(events: Iterable[Mapping[str, Any]]) -> list[StartRecord]:
     records: list[tuple[str, list[int]]] = []
     for event in events:
         kind = event.get("kind")
-        if kind == START_KIND and isinstance(event.get("generation"), str):
+        if kind == EventKind.START and isinstance(event.get("generation"), str):
             records.append((event["generation"], []))
-        elif kind == SAVED_KIND and records and isinstance(event.get("step"), int):
+        elif kind == EventKind.CHECKPOINT_SAVED and records and isinstance(event.get("step"), int):
             records[-1][1].append(event["step"])
     return [StartRecord(generation, tuple(steps)) for generation, steps in records]
 

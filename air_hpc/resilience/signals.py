@@ -17,11 +17,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from air_hpc.backend import collectives
 from air_hpc.digits import ascii_int
 from air_hpc.errors import ConfigError
 from air_hpc.records.names import ARMED_FILE_PREFIX, STOP_REQUESTED_FILE, SUBMISSIONS
 from air_hpc.slurm.env import JOB_END_TIME, JOB_START_TIME, SlurmEnv, epoch_seconds
-from air_hpc.train import collectives
 
 log = logging.getLogger(__name__)
 

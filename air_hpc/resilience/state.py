@@ -14,7 +14,7 @@ would read with a restricted loader first (:mod:`air_hpc.resilience.safe_load`).
 
 This is the one adapter of Megatron's ``dist_checkpointing``: :class:`DistCheckpoint` is what
 the checkpointer drives, with the layout passed in (never read from ``parallel_state``); the
-patches it needs live in :mod:`air_hpc.train.megatron_compat`. Megatron modules are imported
+patches it needs live in :mod:`air_hpc.backend.megatron_compat`. Megatron modules are imported
 where used: a rank imports megatron-core once, through ``megatron_compat.import_megatron``
 (without it each rank start pays ~2.5 s of ``torch.compile`` set-up).
 """
@@ -34,11 +34,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from air_hpc.backend import collectives, megatron_compat
 from air_hpc.config.layout import ParallelLayout
 from air_hpc.errors import CheckpointError
 from air_hpc.resilience.safe_load import check_checkpoint
 from air_hpc.resilience.training_state import ModelChunk, TrainingState
-from air_hpc.train import collectives, megatron_compat
 
 log = logging.getLogger(__name__)
 

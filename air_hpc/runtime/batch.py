@@ -47,7 +47,6 @@ import logging
 import os
 import socket
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +55,7 @@ from air_hpc.errors import AirHpcError, SlurmError
 from air_hpc.exitcodes import NEVER_REQUEUED, REQUEUE_WORTHY, ExitCode
 from air_hpc.health.badnodes import read_bad_nodes
 from air_hpc.ownership.attempts import fence_settled
-from air_hpc.records.events import EventLog
+from air_hpc.records.events import EventLog, Payload, Preempted, Requeue, payload_from_text
 from air_hpc.records.generation import generation, generation_dir, read_exit_code, start_hostfile
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import record_start
@@ -153,11 +152,9 @@ def _rendezvous_port(job: JobStart, rank_0_host: str, environ: Mapping[str, str]
     return master_port(int(job.job_id), job.restart_count)
 
 
-def emit(run_dir: RunDir, job: JobStart, kind: str, at_s: float | None = None, **fields: object) -> None:
+def emit(run_dir: RunDir, job: JobStart, payload: Payload, at_s: float | None = None) -> None:
     """One event of the batch shell, beside the ranks' events."""
-    EventLog(run_dir.events).emit_at(
-        time.time() if at_s is None else at_s, kind, job_id=job.job_id, restart_count=job.restart_count, **fields
-    )
+    EventLog(run_dir.events, {"job_id": job.job_id, "restart_count": job.restart_count}).emit(payload, at_s)
 
 
 #: Slurm's states of a job it is ending while the batch script still runs (scancel, the time limit: ``scontrol``
@@ -200,21 +197,13 @@ def finish(
         say(f"step exited {rc} while Slurm ends the job ({state}); not requeueing")
         return rc, False
     if preempted is not None:
-        emit(
-            run_dir,
-            job,
-            "preempted",
-            grace_s=preempted.grace_s,
-            ended_after_s=preempted.ended_after_s,
-            fit=preempted.fit,
-            requeue_by=preempted.requeue_by,
-        )
+        emit(run_dir, job, Preempted(preempted.grace_s, preempted.ended_after_s, preempted.fit, preempted.requeue_by))
         say(f"step exited {rc} after Slurm preempted the job; requeue by {preempted.requeue_by}")
         return rc, preempted.requeue_by == "batch"
     why = "crashed" if crashed else "requeue-worthy"
     if job.restart_count < max_restarts:
         say(f"step exited {rc} ({why}); requeue {job.restart_count + 1} of {max_restarts}")
-        emit(run_dir, job, "requeue", exit_code=rc, reason=why)
+        emit(run_dir, job, Requeue(exit_code=rc, reason=why))
         return rc, True
     say(f"step exited {rc} but the restart budget ({max_restarts}) is spent")
     return rc, False
@@ -271,7 +260,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             print("\n".join(start(run_dir, job, env, args.rank_hosts, args.master, SlurmClient(env))))
         elif args.command == "event":
             fields = dict(field.split("=", 1) for field in args.field)
-            emit(run_dir, job, args.kind, args.at, **fields)
+            emit(run_dir, job, payload_from_text(args.kind, fields), args.at)
         elif args.command == "finish":
             rc, requeue_it = finish(run_dir, start_dir, job, args.exit_code, args.max_restarts, SlurmClient(env))
             print(rc, "requeue" if requeue_it else "none")

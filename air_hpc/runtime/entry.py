@@ -20,12 +20,11 @@ from air_hpc.digits import ascii_int
 from air_hpc.errors import AirHpcError, ConfigError
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.guard import rank_guard, record_verdict
-from air_hpc.observe.records import CRASH_KIND
 from air_hpc.ownership.attempts import fence_settled
-from air_hpc.records.events import EventLog, read_events
+from air_hpc.records.events import CrashLoop, EventLog, RankFailed, read_events
 from air_hpc.records.generation import generation, generation_dir
 from air_hpc.records.rundir import RunDir
-from air_hpc.resilience.progress import CRASH_LOOP_KIND, CrashLoopError, check_progress
+from air_hpc.resilience.progress import CrashLoopError, check_progress
 from air_hpc.runtime.rendezvous import master_port
 from air_hpc.slurm import env as slurm_env
 from air_hpc.slurm.env import SlurmEnv
@@ -115,7 +114,7 @@ class TrainingEntry(submitit.helpers.Checkpointable):
             log.info("rank %d of %d on %s (local rank %d)", env.rank, env.world_size, env.hostname, env.local_rank)
             on_cpu = job.hardware.device == "cpu"
             _apply_thread_limit(os.environ)
-            from air_hpc.train import megatron_compat
+            from air_hpc.backend import megatron_compat
 
             megatron_compat.import_megatron()
             clock.mark("imports")
@@ -164,7 +163,7 @@ def _stop_a_crash_loop(limit: int, run_dir: RunDir, rank: int) -> None:
     if why is None:
         return
     if rank == 0:
-        EventLog(run_dir.events).emit(CRASH_LOOP_KIND, generation=current, why=why)
+        EventLog(run_dir.events).emit(CrashLoop(generation=current, why=why))
     record_verdict(run_dir, os.environ, ExitCode.CRASH_LOOP)
     raise CrashLoopError(why)
 
@@ -186,7 +185,7 @@ def _record_crash(run_dir: RunDir, env: DistEnv, exc: BaseException) -> None:
     error = f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__
     try:
         EventLog(run_dir.events).emit(
-            CRASH_KIND, rank=env.rank, node=env.hostname, generation=generation(os.environ), error=error[:500]
+            RankFailed(rank=env.rank, node=env.hostname, generation=generation(os.environ), error=error[:500])
         )
     except OSError as write_error:  # the crash itself may be a full disk: the rank log has the traceback
         log.warning("rank %d: could not record the crash in %s: %s", env.rank, run_dir.events, write_error)

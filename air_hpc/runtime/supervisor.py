@@ -56,7 +56,15 @@ from air_hpc.errors import AirHpcError, TopologyError
 from air_hpc.exitcodes import REQUEUE_WORTHY, ExitCode
 from air_hpc.health.badnodes import append_bad_nodes, read_bad_nodes
 from air_hpc.ownership.attempts import fence_settled
-from air_hpc.records.events import EventLog
+from air_hpc.records.events import (
+    EventLog,
+    InJobRestart,
+    NodeDead,
+    Payload,
+    SparesExhausted,
+    StepEnded,
+    StepStarted,
+)
 from air_hpc.records.generation import (
     STEP_ATTEMPT_ENV,
     generation,
@@ -208,10 +216,10 @@ class Supervisor:
         self.environ = dict(environ)
         self.client = client
         self.fabric = fabric
-        self.events = EventLog(run_dir.events)
         self.slurm = SlurmEnv.from_environ(self.environ)
         self.job_id = self.slurm.job_id or ""
         self.restart_count = self.slurm.restart_count
+        self.events = EventLog(run_dir.events, {"job_id": self.job_id, "restart_count": self.restart_count})
         job_start = {k: v for k, v in environ.items() if k != STEP_ATTEMPT_ENV}
         self.start_dir = generation_dir(run_dir, generation(job_start))
         self.hostfile = self.slurm.hostfile or start_hostfile(self.start_dir)
@@ -293,16 +301,16 @@ class Supervisor:
                 append_bad_nodes(self.run_dir.bad_nodes, failed, reason)
                 bad = read_bad_nodes(self.run_dir.bad_nodes)
                 if result.dead_nodes:
-                    self._emit("node_dead", nodes=list(failed))
+                    self._emit(NodeDead(nodes=list(failed)))
                 if len(failed) > len(spares):
                     if res.spare_nodes:
-                        self._emit("spares_exhausted", failed=list(failed), spares=list(spares), exit_code=code)
+                        self._emit(SparesExhausted(failed=list(failed), spares=list(spares), exit_code=code))
                     log.warning("no spare left for %s; requeueing without it", compress(failed))
                     return exhausted_code(code)
                 domain = self.job.hardware.nvlink_domain_nodes
                 rank_hosts, spares, moved = replace_nodes(rank_hosts, failed, spares, self.fabric, domain)
                 attempt += 1
-                self._emit("in_job_restart", attempt=attempt, replaced=moved, reason=reason, spares_left=list(spares))
+                self._emit(InJobRestart(attempt=attempt, replaced=moved, reason=reason, spares_left=list(spares)))
                 swaps = ", ".join(f"{a} -> {b}" for a, b in moved.items())
                 log.warning("%s; restarting the step with %s", reason, swaps)
         finally:
@@ -317,7 +325,7 @@ class Supervisor:
             argv.insert(1, "--overlap")
         hosts = unique(rank_hosts)
         started = time.time()
-        self._emit("step_started", attempt=attempt, generation=gen_dir.name, nodes=compress(hosts), spares=list(spares))
+        self._emit(StepStarted(attempt=attempt, generation=gen_dir.name, nodes=compress(hosts), spares=list(spares)))
         failures: list[TaskFailure] = []
         self._proc = subprocess.Popen(
             argv, env=env, stderr=subprocess.PIPE, text=True, errors="replace", preexec_fn=_die_with_parent
@@ -334,14 +342,15 @@ class Supervisor:
             pool.shutdown(wait=False)  # a probe no longer needed ends by its own timeout
         result = StepResult(rc, read_exit_code(gen_dir), failures[0] if failures else None, dead, hung)
         self._emit(
-            "step_ended",
-            attempt=attempt,
-            exit_code=result.exit_code,
-            srun_exit_code=rc,
-            verdict=result.verdict,
-            failure=None if result.first_failure is None else vars(result.first_failure),
-            dead_nodes=list(dead),
-            elapsed_s=round(time.time() - started, 3),
+            StepEnded(
+                attempt=attempt,
+                exit_code=result.exit_code,
+                srun_exit_code=rc,
+                verdict=result.verdict,
+                failure=None if result.first_failure is None else vars(result.first_failure),
+                dead_nodes=list(dead),
+                elapsed_s=round(time.time() - started, 3),
+            )
         )
         return result
 
@@ -444,8 +453,8 @@ class Supervisor:
         failure = result.first_failure
         return f"rank crash: task {failure.tasks} on {failure.node}: {failure.reason}" if failure else f"exit {code}"
 
-    def _emit(self, kind: str, **fields: object) -> None:
-        self.events.emit(kind, job_id=self.job_id, restart_count=self.restart_count, **fields)
+    def _emit(self, payload: Payload) -> None:
+        self.events.emit(payload)
 
 
 def _copy_stderr(stream: IO[str] | None, failures: list[TaskFailure]) -> None:

@@ -12,7 +12,8 @@ import gc
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+
+from air_hpc.records.events import Startup
 
 #: The phases in the order a start passes them.
 PHASES: tuple[str, ...] = (
@@ -25,8 +26,6 @@ PHASES: tuple[str, ...] = (
     "data",  # open the token file, set up the step runner
     "first_step",  # the first training step of this start (warm-up included)
 )
-
-EVENT_KIND = "startup"
 
 _gc_paused = False
 
@@ -105,8 +104,8 @@ class StartupClock:
         return wall + cpu + [self.cpu_to_first_step_s]
 
 
-def startup_event(per_rank: Sequence[Sequence[float]], first_step: int) -> dict[str, Any]:
-    """The fields of the ``startup`` event from every rank's :meth:`StartupClock.vector`.
+def startup_event(per_rank: Sequence[Sequence[float]], first_step: int) -> Startup:
+    """The ``startup`` event from every rank's :meth:`StartupClock.vector`.
 
     ``to_first_step_s`` is the slowest rank's time from process creation to the start of
     its first step: the ranks meet in the first step's collectives, so the slowest one
@@ -118,16 +117,16 @@ def startup_event(per_rank: Sequence[Sequence[float]], first_step: int) -> dict[
     cpu = [round(row[2 * n], 4) for row in per_rank]
     before_step = [sum(row[: PHASES.index("first_step")]) for row in ranks]
     slowest = max(range(len(ranks)), key=lambda r: before_step[r]) if ranks else 0
-    return {
-        "step": first_step,
-        "ranks": len(ranks),
-        "to_first_step_s": round(max(before_step, default=0.0), 4),
-        "slowest_rank": slowest,
-        "cpu_to_first_step_s": cpu,
-        "phases_s": {phase: [round(row[i], 4) for row in ranks] for i, phase in enumerate(PHASES)},
-        "cpu_phases_s": {phase: [round(row[i], 4) for row in cpu_phases] for i, phase in enumerate(PHASES)},
-        "median_s": {
+    return Startup(
+        step=first_step,
+        ranks=len(ranks),
+        to_first_step_s=round(max(before_step, default=0.0), 4),
+        slowest_rank=slowest,
+        cpu_to_first_step_s=cpu,
+        phases_s={phase: [round(row[i], 4) for row in ranks] for i, phase in enumerate(PHASES)},
+        cpu_phases_s={phase: [round(row[i], 4) for row in cpu_phases] for i, phase in enumerate(PHASES)},
+        median_s={
             phase: round(statistics.median(row[i] for row in ranks), 4) if ranks else 0.0
             for i, phase in enumerate(PHASES)
         },
-    }
+    )

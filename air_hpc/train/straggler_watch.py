@@ -12,20 +12,16 @@ excludes at the next start of the job.
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from air_hpc.backend.collectives import gather_floats, gather_strings
 from air_hpc.config.models import HealthConfig
 from air_hpc.health.badnodes import append_bad_nodes
 from air_hpc.health.busy import BusyMeter
 from air_hpc.health.stragglers import Straggler, find_stragglers
-from air_hpc.train.collectives import gather_floats, gather_strings
-
-if TYPE_CHECKING:
-    from air_hpc.records.events import EventLog
+from air_hpc.records.events import EventLog
+from air_hpc.records.events import Straggler as StragglerEvent
 
 log = logging.getLogger(__name__)
-
-EVENT_KIND = "straggler"
 
 
 class StragglerWatch:
@@ -39,7 +35,7 @@ class StragglerWatch:
         health: HealthConfig,
         rank: int,
         host: str,
-        events: "EventLog",
+        events: EventLog,
         bad_nodes: Path,
         meter: BusyMeter,
         gather: Callable[[Sequence[float]], list[list[float]]] = gather_floats,
@@ -95,17 +91,18 @@ class StragglerWatch:
         if excluded:
             append_bad_nodes(self.bad_nodes, [straggler.node], f"straggler: {straggler.describe()} at step {step}")
         self.events.emit(
-            EVENT_KIND,
-            step=step,
-            node=straggler.node,
-            ranks=list(straggler.ranks),
-            busy_s=round(straggler.busy_s, 6),
-            reference_s=round(straggler.reference_s, 6),
-            ratio=round(straggler.ratio, 3),
-            noise_s=round(straggler.noise_s, 6),
-            window_steps=self.health.straggler_window_steps,
-            windows=self._streak[straggler.node],
-            excluded=excluded,
+            StragglerEvent(
+                step=step,
+                node=straggler.node,
+                ranks=list(straggler.ranks),
+                busy_s=round(straggler.busy_s, 6),
+                reference_s=round(straggler.reference_s, 6),
+                ratio=round(straggler.ratio, 3),
+                noise_s=round(straggler.noise_s, 6),
+                window_steps=self.health.straggler_window_steps,
+                windows=self._streak[straggler.node],
+                excluded=excluded,
+            )
         )
 
     def close(self) -> None:

@@ -17,21 +17,21 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from air_hpc.backend.collectives import gather_floats
 from air_hpc.config.models import JobConfig
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.busy import BusyMeter
 from air_hpc.health.heartbeat import Heartbeat
-from air_hpc.records.events import EventLog
+from air_hpc.records.events import EventLog, Stop
 from air_hpc.records.rundir import RunDir
-from air_hpc.resilience.interval import INTERVAL_KIND, CheckpointSchedule
+from air_hpc.resilience.interval import CheckpointSchedule
 from air_hpc.resilience.signals import Deadline, StopRequest, agree_stop
 from air_hpc.resilience.store import CheckpointStore
 from air_hpc.train import metrics as metrics_mod
 from air_hpc.train import parallel, tb_log
-from air_hpc.train.collectives import gather_floats
 from air_hpc.train.data import CorpusInfo, TokenSamples, check_for_training
 from air_hpc.train.parallel import ParallelContext
-from air_hpc.train.startup import EVENT_KIND, StartupClock, resume_gc, startup_event
+from air_hpc.train.startup import StartupClock, resume_gc, startup_event
 from air_hpc.train.straggler_watch import StragglerWatch
 
 if TYPE_CHECKING:
@@ -201,7 +201,7 @@ class _StepLoop:
                 self._save(step, sync=False, reason="interval")
                 choice = self.schedule.saved(step, time.perf_counter() - began)
                 if choice is not None and self.ctx.rank == 0:
-                    self.events.emit(INTERVAL_KIND, step=step, **choice.to_event())
+                    self.events.emit(choice.to_event(step))
         if self.start.first_step <= steps:
             self._save(steps, sync=True, reason="final")
         return RunSummary(self.start.first_step, steps, self.loss, ExitCode.OK)
@@ -258,7 +258,7 @@ class _StepLoop:
         """The ranks agreed to stop: say so, then save synchronously, superseding an unfinished save."""
         log.warning("stopping at step %d (%s): saving, then asking for a requeue", step, reason)
         if self.ctx.rank == 0:
-            self.events.emit("stop", step=step, reason=reason, signal=self.stop.signal_name)
+            self.events.emit(Stop(step=step, reason=reason, signal=self.stop.signal_name))
         if self.board is not None:
             self.board.stop(step, reason)
         self._save(step, sync=True, reason=reason, supersede=True)
@@ -300,11 +300,9 @@ def _record_startup(clock: StartupClock, events: EventLog, rank: int, step: int)
     """Gather every rank's start-up phases (one collective); rank 0 writes them as one event."""
     per_rank = gather_floats(clock.vector())
     if rank == 0:
-        fields = startup_event(per_rank, step)
-        events.emit(EVENT_KIND, **fields)
-        log.info(
-            "start-up: %.1f s to the first step (slowest rank %d)", fields["to_first_step_s"], fields["slowest_rank"]
-        )
+        event = startup_event(per_rank, step)
+        events.emit(event)
+        log.info("start-up: %.1f s to the first step (slowest rank %d)", event.to_first_step_s, event.slowest_rank)
 
 
 def _mfu_factor(job: JobConfig) -> float | None:

@@ -259,7 +259,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    from air_hpc.train import megatron_compat, parallel
+    from air_hpc.backend import megatron_compat
+    from air_hpc.train import parallel
     from air_hpc.train.data import ByteTokenizer, prepare
 
     job = bench_job(args, Path(args.dir))

@@ -74,10 +74,10 @@ def timed_start(bed: Any, root: Path, corpus: Path, steps: int, preflight: bool)
     """Submit gpt-tiny to ``steps`` (resuming whatever the run directory holds); its start-up, once it ended."""
     from air_hpc.config import load_job
     from air_hpc.launch.submit import submit
+    from air_hpc.records.events import EventKind
     from air_hpc.records.jsonl import read_jsonl
     from air_hpc.records.rundir import RunDir
     from air_hpc.slurm.jobs import JobState
-    from air_hpc.train.startup import EVENT_KIND
 
     client = bed.client()
     job = load_job(
@@ -104,7 +104,7 @@ def timed_start(bed: Any, root: Path, corpus: Path, steps: int, preflight: bool)
         raise SystemExit(f"bench: job {done.job_id} ended {status.state}; see {done.run_dir}/logs")
     run = RunDir(done.run_dir)
     started = [r["time"] for r in read_jsonl(run.submissions) if r.get("kind") == "started"][-1]
-    event = [e for e in read_jsonl(run.events) if e["kind"] == EVENT_KIND][-1]
+    event = [e for e in read_jsonl(run.events) if e["kind"] == EventKind.STARTUP][-1]
     first = [r for r in read_jsonl(run.metrics) if r["step"] == event["step"]][-1]
     return {
         "batch_to_step_s": first["time"] - first["step_time_s"] - started,

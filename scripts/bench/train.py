@@ -6,7 +6,7 @@
    Twice: the step alone (``StepRunner`` on HDF5 data, alternating step by step with the bare
    loop) and the whole ``trainer.train`` loop (wall time between steps, so metrics, the stop
    agreement and the checkpoint poll count; bare blocks before and after). Target <= 1.05.
-   On CPU both run under ``air_hpc.train.megatron_compat`` (megatron-core needs it to run at all).
+   On CPU both run under ``air_hpc.backend.megatron_compat`` (megatron-core needs it to run at all).
 2. HDF5 loader throughput (``TokenSamples.batch``) vs per-sample slicing of a NumPy memmap of the
    same tokens, same sample indices. Target >= 1.0.
 3. Loader time as a share of our step time. Target <= 2 %.
@@ -130,8 +130,9 @@ def rank_main(rank: int, world: int, port: int, job_json: str, steps: int, out: 
     import torch
 
     torch.set_num_threads(1)
+    from air_hpc.backend import megatron_compat
     from air_hpc.config.models import JobConfig
-    from air_hpc.train import megatron_compat, model, parallel
+    from air_hpc.train import model, parallel
     from air_hpc.train.loop import StepRunner
 
     job = JobConfig.model_validate_json(job_json)

@@ -43,9 +43,10 @@ def model() -> Iterator[Any]:
     """gpt-tiny on one gloo rank (TP1 x PP1), built by the trainer's own code."""
     import torch
 
+    from air_hpc.backend import megatron_compat
     from air_hpc.config import load_job
-    from air_hpc.train import megatron_compat, parallel
     from air_hpc.train import model as model_mod
+    from air_hpc.train import parallel
 
     torch.set_num_threads(1)
     job = load_job(

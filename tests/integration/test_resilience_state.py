@@ -43,13 +43,14 @@ def worker_main(spec_json: str) -> None:
     import torch
 
     torch.set_num_threads(1)
+    from air_hpc.backend import megatron_compat
     from air_hpc.config import load_job
     from air_hpc.records.events import EventLog
     from air_hpc.records.rundir import RunDir
     from air_hpc.resilience.checkpointer import Checkpointer
     from air_hpc.resilience.store import CheckpointStore
-    from air_hpc.train import megatron_compat, parallel
     from air_hpc.train import model as model_mod
+    from air_hpc.train import parallel
     from air_hpc.train.data import TokenSamples
     from air_hpc.train.loop import StepRunner
 

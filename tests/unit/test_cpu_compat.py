@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from air_hpc.backend import megatron_compat
 from air_hpc.config.load import load_job
 from air_hpc.config.models import JobConfig
-from air_hpc.train import data, megatron_compat, model, parallel
+from air_hpc.train import data, model, parallel
 from air_hpc.train.loop import StepRunner
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,13 +19,6 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "air_hpc"
 
-#: Imports that close a cycle today, each with why it is there; the owners of issue 25's other items
-#: break these and empty the list (an entry whose import is gone fails the test below, so it must go).
-ALLOWED_BACK_EDGES: dict[tuple[str, str], str] = {
-    ("resilience", "observe"): "resilience/progress.py and interval.py take event kinds from observe/records.py",
-    ("resilience", "train"): "resilience/signals.py, checkpointer.py and state.py use train/collectives.py",
-}
-
 #: Which of the five run-handling packages each may import: the runtime and ownership never import
 #: submission, operations or inspection, and ownership imports none of the others.
 LAYERS: dict[str, frozenset[str]] = {
@@ -80,17 +73,9 @@ def cycle_in(graph: Mapping[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_there_is_no_import_cycle_between_packages_beyond_the_allowed_ones() -> None:
+def test_there_is_no_import_cycle_between_packages() -> None:
     graph = package_graph()
-    without_allowed = {pkg: deps - {t for s, t in ALLOWED_BACK_EDGES if s == pkg} for pkg, deps in graph.items()}
-    assert cycle_in(without_allowed) is None, f"package import cycle: {' -> '.join(cycle_in(without_allowed) or [])}"
-
-
-def test_every_allowed_back_edge_still_exists() -> None:
-    """A broken cycle leaves the list, so the list cannot hide a new import in the same place."""
-    graph = package_graph()
-    gone = [edge for edge in ALLOWED_BACK_EDGES if edge[1] not in graph.get(edge[0], set())]
-    assert not gone, f"remove from ALLOWED_BACK_EDGES: {gone}"
+    assert cycle_in(graph) is None, f"package import cycle: {' -> '.join(cycle_in(graph) or [])}"
 
 
 @pytest.mark.parametrize("package", sorted(LAYERS))

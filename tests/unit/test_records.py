@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from air_hpc.records import names
-from air_hpc.records.events import EventLog, read_events
+from air_hpc.records.events import CrashLoop, EventLog, Signal, read_events
 from air_hpc.records.jsonl import read_jsonl
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import record_submission, started_time, submissions
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_events_and_submissions_share_one_schema(tmp_path: Path) -> None:
     run_dir = RunDir(tmp_path)
-    EventLog(run_dir.events).emit("signal", signal="SIGUSR2")
+    EventLog(run_dir.events).emit(Signal(signal="SIGUSR2"))
     record_submission(run_dir, "7", "slurm", now_s=100.0)
     (event,) = [json.loads(line) for line in run_dir.events.read_text().splitlines()]
     (submitted,) = [json.loads(line) for line in run_dir.submissions.read_text().splitlines()]
@@ -40,10 +40,10 @@ def test_files_written_before_the_shared_schema_still_read(tmp_path: Path) -> No
 
 
 def test_a_field_named_event_in_a_new_line_is_kept(tmp_path: Path) -> None:
-    log = EventLog(tmp_path / names.EVENTS)
-    log.emit("hang", event="watchdog")
+    log = EventLog(tmp_path / names.EVENTS, {"event": "watchdog"})
+    log.emit(CrashLoop(generation="7-0", why="no progress"))
     (row,) = read_events(log.path)
-    assert (row["kind"], row["event"]) == ("hang", "watchdog")
+    assert (row["kind"], row["event"]) == ("crash_loop", "watchdog")
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from air_hpc.backend import megatron_compat
 from air_hpc.errors import CheckpointError
 from air_hpc.resilience import safe_load, state
-from air_hpc.train import megatron_compat
 
 
 class Payload:

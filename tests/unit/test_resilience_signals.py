@@ -12,7 +12,7 @@ import pytest
 
 from air_hpc.config.models import SignalName
 from air_hpc.errors import ConfigError
-from air_hpc.records.events import EventLog, read_events
+from air_hpc.records.events import CheckpointSaved, EventLog, FreshStart, Signal, read_events
 from air_hpc.resilience.signals import STOP_SIGNALS, Deadline, StopRequest, agree, agree_stop, signal_number
 from air_hpc.train.trainer import ALWAYS_STOP_ON
 
@@ -94,22 +94,24 @@ def test_deadline_reached() -> None:
 
 
 def test_events_are_appended_as_json_lines(tmp_path: Path) -> None:
-    log = EventLog(tmp_path / "run" / "events.jsonl")
-    log.emit("signal", signal="SIGUSR2", step=7)
-    log.emit("checkpoint_saved", step=7, bytes=123, seconds=0.5, path=tmp_path)
+    log = EventLog(tmp_path / "run" / "events.jsonl", {"job_id": "7"})
+    log.emit(Signal(signal="SIGUSR2"))
+    log.emit(CheckpointSaved(7, 123, 0.5, 0.5, str(tmp_path), "signal", {"write": 0.4}, async_=False))
     lines = (tmp_path / "run" / "events.jsonl").read_text().splitlines()
     first = json.loads(lines[0])
-    assert first["kind"] == "signal" and first["step"] == 7 and isinstance(first["time"], float)
-    assert json.loads(lines[1])["path"] == str(tmp_path)
+    assert first == {"time": first["time"], "kind": "signal", "job_id": "7", "signal": "SIGUSR2"}
+    assert isinstance(first["time"], float)
+    saved = json.loads(lines[1])
+    assert list(saved)[-3:] == ["reason", "phases", "async"] and saved["async"] is False
     assert [e["kind"] for e in read_events(log.path)] == ["signal", "checkpoint_saved"]
 
 
 def test_torn_last_line_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     log = EventLog(tmp_path / "events.jsonl")
-    log.emit("resume", step=3)
+    log.emit(FreshStart(skipped=0))
     with open(log.path, "a") as stream:
         stream.write('{"time": 1, "kind": "sto')
-    assert [e["kind"] for e in read_events(log.path)] == ["resume"]
+    assert [e["kind"] for e in read_events(log.path)] == ["fresh_start"]
     assert "torn" in caplog.text
     assert read_events(tmp_path / "missing.jsonl") == []
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from air_hpc.train.megatron_compat import (
+from air_hpc.backend.megatron_compat import (
     EVIDENCE,
     EVIDENCE_MODULE,
     UNUSED_EVIDENCE,
@@ -55,15 +55,15 @@ def test_event_names_the_slowest_rank_and_leaves_the_first_step_out_of_the_total
     fast = [1.0, 2.0, 0.0, 0.5, 0.25, 0.0, 0.0, 9.0, *fast_cpu, 3.5]
     slow = [1.0, 5.0, 0.0, 0.5, 0.25, 0.25, 0.0, 0.5, *slow_cpu, 4.0]
     event = startup_event([fast, slow], first_step=7)
-    assert event["step"] == 7 and event["ranks"] == 2
-    assert event["cpu_to_first_step_s"] == [3.5, 4.0]
-    assert event["cpu_phases_s"]["imports"] == [1.5, 2.0]
-    assert list(event["cpu_phases_s"]) == list(PHASES)
-    assert event["to_first_step_s"] == 7.0
-    assert event["slowest_rank"] == 1
-    assert event["phases_s"]["imports"] == [2.0, 5.0]
-    assert event["median_s"]["imports"] == 3.5
-    assert list(event["phases_s"]) == list(PHASES)
+    assert event.step == 7 and event.ranks == 2
+    assert event.cpu_to_first_step_s == [3.5, 4.0]
+    assert event.cpu_phases_s["imports"] == [1.5, 2.0]
+    assert list(event.cpu_phases_s) == list(PHASES)
+    assert event.to_first_step_s == 7.0
+    assert event.slowest_rank == 1
+    assert event.phases_s["imports"] == [2.0, 5.0]
+    assert event.median_s["imports"] == 3.5
+    assert list(event.phases_s) == list(PHASES)
 
 
 def test_lazy_compile_compiles_on_the_first_call_only() -> None:
@@ -136,7 +136,7 @@ def test_training_imports_of_megatron_leave_inductor_out() -> None:
     """A plain ``import megatron.core`` imports Inductor (seconds per rank) and TensorBoard; ours does not."""
     plain = _modules_after("import megatron.core")
     ours = _modules_after(
-        "from air_hpc.train import megatron_compat; megatron_compat.import_megatron()\n"
+        "from air_hpc.backend import megatron_compat; megatron_compat.import_megatron()\n"
         f"import sys; print('' if {UNUSED_MODULE!r} in sys.modules else 'imported-without-it')\n"
         "from torch.utils.tensorboard import SummaryWriter  # observe.tensorboard: importable after"
     )
