@@ -23,7 +23,7 @@ from air_hpc.observe.report import build_report, format_report
 from air_hpc.ops.control import run_status, watch_run
 from air_hpc.ops.waiting import describe_failure, wait_deadline_s, wait_slurm
 from air_hpc.records.events import EventKind, read_events
-from air_hpc.records.jsonl import read_jsonl
+from air_hpc.records.metrics import read_metrics
 from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.client import ONCE, SlurmClient
 from air_hpc.slurm.jobs import JobStatus
@@ -63,7 +63,7 @@ def wait_for_step(run_dir: RunDir, step: int, client: SlurmClient, job_id: str, 
     """Block until metrics.jsonl reports ``step`` (or later); fail if the job ends first."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        rows = read_jsonl(run_dir.metrics) if run_dir.metrics.exists() else []
+        rows = read_metrics(run_dir.metrics)
         if rows and int(rows[-1]["step"]) >= step:
             return int(rows[-1]["step"])
         status = client.job_status(job_id)

@@ -28,6 +28,7 @@ from air_hpc.observe.records import StepRecord, load_records, parse_events, pars
 from air_hpc.observe.report import build_report
 from air_hpc.records.events import EventKind
 from air_hpc.records.jsonl import read_jsonl
+from air_hpc.records.metrics import read_metrics
 from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.client import SlurmClient
 
@@ -121,7 +122,7 @@ class _Watch:
         self._state_read_s = -float("inf")
 
     def steps(self) -> tuple[StepRecord, ...]:
-        return parse_steps(read_jsonl(self.target.run_dir.metrics))
+        return parse_steps(read_metrics(self.target.run_dir.metrics))
 
     def last_step(self) -> int:
         return max((s.step for s in self.steps()), default=0)

@@ -9,9 +9,9 @@ reference's (from the manifests, which the checkpointer wrote after hashing).
 from dataclasses import dataclass
 
 from air_hpc.errors import CheckpointError
+from air_hpc.records.metrics import read_metrics
 from air_hpc.records.rundir import RunDir
 from air_hpc.resilience.store import Manifest, step_name
-from air_hpc.train.metrics import read_metrics
 
 SHARD_SUFFIX = ".distcp"
 
@@ -31,10 +31,9 @@ class Comparison:
 
 
 def logged_losses(run_dir: RunDir) -> list[tuple[int, float]]:
-    """(step, loss) of every metrics line, in the order written."""
-    if not run_dir.metrics.exists():
-        return []
-    return [(int(r["step"]), float(r["loss"])) for r in read_metrics(run_dir.metrics) if "loss" in r]
+    """(step, loss) of every metrics line with a numeric loss, in the order written."""
+    rows = read_metrics(run_dir.metrics)
+    return [(r["step"], float(r["loss"])) for r in rows if isinstance(r.get("loss"), (int, float))]
 
 
 def loss_mismatches(run: list[tuple[int, float]], reference: list[tuple[int, float]]) -> tuple[str, ...]:

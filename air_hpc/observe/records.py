@@ -10,6 +10,7 @@ from typing import Any
 
 from air_hpc.records.events import EventKind
 from air_hpc.records.jsonl import read_jsonl
+from air_hpc.records.metrics import read_metrics
 from air_hpc.records.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ def load_records(run_dir: RunDir) -> RunRecords:
         gpus = job.resources.nodes * job.hardware.gpus_per_node if job.hardware.device == "cuda" else 0
         price = job.hardware.usd_per_gpu_hour
     return RunRecords(
-        steps=parse_steps(read_jsonl(run_dir.metrics)),
+        steps=parse_steps(read_metrics(run_dir.metrics)),
         events=events,
         starts_s=start_times(events, submissions),
         total_steps=total,

@@ -1,4 +1,4 @@
-"""Per-step metrics (``metrics.jsonl``) and per-rank log files.
+"""Per-step metrics (``metrics.jsonl``, read by ``records.metrics``) and per-rank log files.
 
 Losses are written with ``json``'s float repr, which round-trips exactly, so two
 runs (or a run and its resumed twin) compare bit for bit.
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import IO
 
 from air_hpc.config.models import ModelConfig
+from air_hpc.records.metrics import step_of
 
 #: Dense bf16 peak of one accelerator, by a substring of ``torch.cuda.get_device_name()``.
 PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
@@ -46,21 +47,6 @@ class StepMetrics:
         return json.dumps({key: value for key, value in asdict(self).items() if value is not None})
 
 
-def read_metrics(path: Path) -> list[dict[str, float]]:
-    """Every whole record of a ``metrics.jsonl``, in order (a line torn by a kill is skipped)."""
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if _step_of(line) is not None]
-
-
-def _step_of(line: str) -> int | None:
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return None
-    return int(record["step"]) if isinstance(record, dict) and "step" in record else None
-
-
 class MetricsWriter:
     """Appends one line per step and flushes it, so a killed run keeps every finished step.
 
@@ -85,7 +71,7 @@ class MetricsWriter:
 
 def _truncate_after(path: Path, step: int) -> None:
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    steps = [_step_of(line) for line in lines]
+    steps = [step_of(line) for line in lines]
     kept = [line for line, number in zip(lines, steps, strict=True) if number is not None and number <= step]
     if len(kept) == len(lines):
         return

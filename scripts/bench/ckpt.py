@@ -352,7 +352,7 @@ def testbed_job(args: argparse.Namespace, bed: Any) -> Any:
 def print_preemption(run: Any, signalled: float, trained_before: int) -> None:
     """The phases from the signal to the first resumed step, and the two targets."""
     from air_hpc.records.events import read_events
-    from air_hpc.train.metrics import read_metrics
+    from air_hpc.records.metrics import read_metrics
 
     events = read_events(run.events)
     stop = next(e for e in events if e["kind"] == "stop")
@@ -387,9 +387,9 @@ def testbed_preemption(args: argparse.Namespace) -> None:
     """
     from air_hpc.launch.submit import submit
     from air_hpc.records.events import read_events
+    from air_hpc.records.metrics import read_metrics
     from air_hpc.records.rundir import RunDir
     from air_hpc.testbed import Testbed
-    from air_hpc.train.metrics import read_metrics
 
     bed = Testbed(Path(args.testbed))
     client = bed.client()

@@ -41,8 +41,9 @@ from pathlib import Path
 
 import torch
 
+from air_hpc.records.metrics import read_metrics
 from air_hpc.records.rundir import RunDir
-from air_hpc.train.metrics import flops_per_token, peak_flops, read_metrics
+from air_hpc.train.metrics import flops_per_token, peak_flops
 
 run = RunDir(Path(sys.argv[1]))
 job = run.read_job()

@@ -44,7 +44,7 @@ class Watch:
         return [e for e in read_events(path) if e["kind"] == kind] if path.exists() else []
 
     def metrics(self) -> list[dict[str, Any]]:
-        from air_hpc.train.metrics import read_metrics
+        from air_hpc.records.metrics import read_metrics
 
         return list(read_metrics(self.run_dir.metrics))
 

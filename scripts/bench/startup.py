@@ -76,6 +76,7 @@ def timed_start(bed: Any, root: Path, corpus: Path, steps: int, preflight: bool)
     from air_hpc.launch.submit import submit
     from air_hpc.records.events import EventKind
     from air_hpc.records.jsonl import read_jsonl
+    from air_hpc.records.metrics import read_metrics
     from air_hpc.records.rundir import RunDir
     from air_hpc.slurm.jobs import JobState
 
@@ -105,7 +106,7 @@ def timed_start(bed: Any, root: Path, corpus: Path, steps: int, preflight: bool)
     run = RunDir(done.run_dir)
     started = [r["time"] for r in read_jsonl(run.submissions) if r.get("kind") == "started"][-1]
     event = [e for e in read_jsonl(run.events) if e["kind"] == EventKind.STARTUP][-1]
-    first = [r for r in read_jsonl(run.metrics) if r["step"] == event["step"]][-1]
+    first = [r for r in read_metrics(run.metrics) if r["step"] == event["step"]][-1]
     return {
         "batch_to_step_s": first["time"] - first["step_time_s"] - started,
         "slowest": {phase: max(seconds) for phase, seconds in event["phases_s"].items()},

@@ -188,9 +188,9 @@ def _full_loop_step_times(job: JobConfig, ctx: Any, run_path: Path, steps: int) 
     """Wall time between consecutive steps of ``trainer.train`` (metrics' ``time``): everything the loop does."""
     import torch
 
+    from air_hpc.records.metrics import read_metrics
     from air_hpc.records.rundir import RunDir
     from air_hpc.train import trainer
-    from air_hpc.train.metrics import read_metrics
 
     run = job.model_copy(
         update={

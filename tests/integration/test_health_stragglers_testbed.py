@@ -29,9 +29,9 @@ from air_hpc.observe.report import build_report, format_report
 from air_hpc.records.events import read_events
 from air_hpc.records.generation import generation_dir
 from air_hpc.records.jsonl import read_jsonl
+from air_hpc.records.metrics import read_metrics
 from air_hpc.records.rundir import RunDir
 from air_hpc.train import data
-from air_hpc.train.metrics import read_metrics
 from tests.integration.waiting import wait_ended, wait_for
 
 pytestmark = pytest.mark.integration

@@ -19,10 +19,10 @@ from air_hpc.cli.main import cli
 from air_hpc.config.load import load_job
 from air_hpc.exitcodes import ExitCode
 from air_hpc.records.events import read_events
+from air_hpc.records.metrics import read_metrics
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import record_submission
 from air_hpc.slurm.fake import FakeSlurm
-from air_hpc.train.metrics import read_metrics
 from tests.integration.local_run import submit_local
 
 pytestmark = pytest.mark.integration

@@ -24,12 +24,12 @@ from air_hpc.observe.records import load_records
 from air_hpc.observe.report import build_report, format_report
 from air_hpc.records.events import read_events
 from air_hpc.records.jsonl import read_jsonl
+from air_hpc.records.metrics import read_metrics
 from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.jobs import SLURM_REQUEUES_PREEMPTED_FROM
 from air_hpc.testbed import Testbed
 from air_hpc.testbed.conf import Settings
 from air_hpc.train import data
-from air_hpc.train.metrics import read_metrics
 from tests.integration.local_run import submit_local
 from tests.integration.waiting import wait_ended, wait_for
 

@@ -20,10 +20,10 @@ from air_hpc.health.badnodes import read_bad_nodes
 from air_hpc.health.heartbeat import read_beats
 from air_hpc.launch.submit import submit as submit_slurm
 from air_hpc.records.jsonl import read_jsonl
+from air_hpc.records.metrics import read_metrics
 from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.jobs import JobState
 from air_hpc.topology import treeconf
-from air_hpc.train.metrics import read_metrics
 from tests.integration import test_resilience_preempt as preempt
 from tests.integration.test_resilience_preempt import REPO, STEPS, job_overrides, kinds, last_step, shard_hashes
 from tests.integration.waiting import wait_ended, wait_for

@@ -16,9 +16,9 @@ import pytest
 from air_hpc.config import load_job
 from air_hpc.launch.submit import Submission, submit
 from air_hpc.records.events import read_events
+from air_hpc.records.metrics import read_metrics
 from air_hpc.records.rundir import RunDir
 from air_hpc.train import data
-from air_hpc.train.metrics import read_metrics
 from tests.integration.waiting import wait_ended
 
 pytestmark = pytest.mark.integration

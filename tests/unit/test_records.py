@@ -10,6 +10,7 @@ import pytest
 from air_hpc.records import names
 from air_hpc.records.events import CrashLoop, EventLog, Signal, read_events
 from air_hpc.records.jsonl import read_jsonl
+from air_hpc.records.metrics import read_metrics, step_of
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import record_submission, started_time, submissions
 
@@ -90,3 +91,42 @@ def _imports(package: str) -> set[str]:
 )
 def test_layering(package: str, forbidden: tuple[str, ...]) -> None:
     assert not {m for m in _imports(package) if m.startswith(forbidden)}
+
+
+def test_metrics_have_one_reader_that_skips_what_is_not_a_whole_step(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = RunDir(tmp_path).metrics
+    assert read_metrics(path) == []
+    path.write_text(
+        '{"step": 1, "loss": 2.5}\n{"step": true}\n{"loss": 1}\n[1]\n{"step": "2"}\n'
+        '{"step": 2, "loss": 2.25}\n{"step": 3, "lo'
+    )
+    assert read_metrics(path) == [{"step": 1, "loss": 2.5}, {"step": 2, "loss": 2.25}]
+    assert "torn" in caplog.text
+    assert [step_of(line) for line in path.read_text().splitlines()] == [1, None, None, None, None, 2, None]
+
+
+def test_no_module_but_records_reads_metrics_jsonl() -> None:
+    """``run_dir.metrics`` is only ever handed to ``read_metrics`` or the trainer's writer."""
+    allowed = {"read_metrics", "MetricsWriter", "exists", "is_file"}
+    found = []
+    for path in (REPO / "air_hpc").rglob("*.py"):
+        if path.parent.name == "records":
+            continue
+        tree = ast.parse(path.read_text())
+        parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and node.attr == "metrics"):
+                continue
+            user = parents.get(node)
+            if isinstance(user, ast.Attribute) and user.attr in allowed:
+                continue
+            if isinstance(user, ast.Call) and isinstance(user.func, ast.Name | ast.Attribute):
+                name = user.func.id if isinstance(user.func, ast.Name) else user.func.attr
+                if name in allowed:
+                    continue
+            if isinstance(user, ast.JoinedStr | ast.FormattedValue):
+                continue  # named in a message
+            found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert found == []

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from air_hpc.config.load import load_job
-from air_hpc.train.metrics import MetricsWriter, RankFormatter, StepMetrics, flops_per_token, read_metrics
+from air_hpc.records.metrics import read_metrics
+from air_hpc.train.metrics import MetricsWriter, RankFormatter, StepMetrics, flops_per_token
 
 REPO = Path(__file__).resolve().parents[2]
 
