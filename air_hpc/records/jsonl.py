@@ -1,9 +1,9 @@
 """JSON-lines run files (events.jsonl, submissions.jsonl): one schema, one reader, one appender.
 
 Every line is an object ``{"time": <epoch s>, "kind": <what happened>, ...}``.
-Readers trust nothing on disk: a line torn by a killed writer is skipped, and
-lines written before the schema was shared (``"event"`` instead of ``"kind"``)
-are read as if they said ``"kind"``.
+Readers trust nothing on disk: a line torn by a killed writer, or one that is not
+UTF-8, is skipped and counted, and lines written before the schema was shared
+(``"event"`` instead of ``"kind"``) are read as if they said ``"kind"``.
 """
 
 import json
@@ -39,22 +39,31 @@ def append(path: Path, row: dict[str, Any], *, durable: bool = False) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The objects of a JSON-lines run file; a line torn by a killed writer is skipped with a warning."""
+    """The objects of a JSON-lines run file.
+
+    Read as bytes: a line torn by a killed writer, or one that is not UTF-8 (garbage appended by
+    anyone), is skipped and counted in one warning, never a crash of the tool reading the file.
+    """
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except FileNotFoundError:
         return []
-    rows = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
+    rows, skipped = [], []
+    for number, raw in enumerate(data.splitlines(), start=1):
+        if not raw.strip():
             continue
         try:
-            row = json.loads(line)
-        except ValueError:
-            log.warning("%s:%d: skipping a line that is not JSON (torn write?)", path, number)
+            row = json.loads(raw.decode("utf-8"))
+        except ValueError:  # UnicodeDecodeError and JSONDecodeError both
+            skipped.append(number)
             continue
         if isinstance(row, dict):
             if KIND not in row and LEGACY_KIND in row:
                 row[KIND] = row.pop(LEGACY_KIND)
             rows.append(row)
+    if skipped:
+        shown = ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else "")
+        log.warning(
+            "%s: skipped %d line(s) that are not whole UTF-8 JSON (torn write?): line %s", path, len(skipped), shown
+        )
     return rows

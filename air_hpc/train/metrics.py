@@ -70,13 +70,13 @@ class MetricsWriter:
 
 
 def _truncate_after(path: Path, step: int) -> None:
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines = path.read_bytes().splitlines(keepends=True)  # bytes: a line that is not UTF-8 is dropped, not fatal
     steps = [step_of(line) for line in lines]
     kept = [line for line, number in zip(lines, steps, strict=True) if number is not None and number <= step]
     if len(kept) == len(lines):
         return
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(kept), encoding="utf-8")
+    tmp.write_bytes(b"".join(kept))
     tmp.replace(path)
 
 

@@ -37,6 +37,14 @@ def test_resume_drops_steps_after_the_checkpoint_and_a_torn_line(tmp_path: Path)
     assert [(r["step"], r["loss"]) for r in read_metrics(path)] == [(1, 1.0), (2, 1.0), (3, 1.0), (4, 2.0)]
 
 
+def test_resume_drops_bytes_that_are_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    steps = b"".join(record(s).to_json().encode() + b"\n" for s in (1, 2))
+    path.write_bytes(steps + b"\xff\xfe\x80 junk\n")
+    MetricsWriter(path, keep_through_step=2).close()
+    assert path.read_bytes() == steps
+
+
 def test_a_fresh_start_keeps_nothing_of_an_old_file(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     path.write_text(record(1).to_json() + "\n")
