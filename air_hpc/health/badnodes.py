@@ -11,11 +11,11 @@ once: each line is one ``O_APPEND`` write, and readers de-duplicate. Deleting a 
 (once the node is repaired) lets the run use that node again.
 """
 
-import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from air_hpc.records.files import append_bytes
 from air_hpc.slurm.hostlist import compress, natural_sorted
 
 
@@ -49,11 +49,5 @@ def append_bad_nodes(path: Path, nodes: Iterable[str], reason: str, now_s: float
         return ()
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if now_s is None else now_s))
     text = "".join(f"{name}  # {' '.join(reason.split())} ({stamp})\n" for name in new)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, text.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    append_bytes(path, text.encode(), durable=True)
     return tuple(new)

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal, cast, get_args
 
+from air_hpc.records.files import atomic_write
 from air_hpc.records.generation import beat_path
 from air_hpc.records.names import BEAT_GLOB
 
@@ -90,8 +91,7 @@ class Heartbeat:
         self._written = beat
         try:
             with self._file_lock:
-                self._tmp.write_text(beat.to_json())
-                os.replace(self._tmp, self._path)
+                atomic_write(self._path, beat.to_json(), durable=False, tmp=self._tmp)
         except OSError as exc:
             # A full or flaky filesystem must not stop training; the in-memory beat still guards the rank.
             log.warning("heartbeat %s not written: %s", self._path, exc)

@@ -28,6 +28,7 @@ from air_hpc.exitcodes import ExitCode
 from air_hpc.health.badnodes import append_bad_nodes
 from air_hpc.health.ibstat import parse_ibstat, select_ports
 from air_hpc.records.events import EventLog, Unhealthy
+from air_hpc.records.files import atomic_write
 from air_hpc.records.generation import write_exit_code
 from air_hpc.records.names import PREFLIGHT_PREFIX
 from air_hpc.records.rundir import RunDir
@@ -190,11 +191,9 @@ def run_preflight(
 
 def publish(report: PreflightReport, generation_dir: Path) -> None:
     """Share which checks failed on this node, so failing nodes can tell a bad node from bad storage."""
-    generation_dir.mkdir(parents=True, exist_ok=True)
     path = generation_dir / f"{PREFLIGHT_PREFIX}{report.host}.json"
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"host": report.host, "failed": sorted(c.name for c in report.failures)}))
-    os.replace(tmp, path)
+    text = json.dumps({"host": report.host, "failed": sorted(c.name for c in report.failures)})
+    atomic_write(path, text, durable=False, tmp=path.with_name(f".{path.name}.{os.getpid()}.tmp"))
 
 
 def read_published(generation_dir: Path) -> dict[str, frozenset[str]]:

@@ -43,6 +43,7 @@ from air_hpc.exitcodes import ExitCode
 from air_hpc.health.badnodes import append_bad_nodes
 from air_hpc.health.heartbeat import Beat, Heartbeat, Phase, read_beats
 from air_hpc.records.events import EventLog, Hang
+from air_hpc.records.files import atomic_write, open_append
 from air_hpc.records.generation import write_exit_code
 
 log = logging.getLogger(__name__)
@@ -278,8 +279,7 @@ class Watchdog:
         directory = self.heartbeat.directory
         report = StallReport(beat.rank, beat.host, beat.phase, beat.step, round(silent_s, 3), waiting, where)
         tmp = directory / f".stall-{beat.rank:05d}.tmp"
-        tmp.write_text(json.dumps(asdict(report)))
-        os.replace(tmp, stall_path(directory, beat.rank))
+        atomic_write(stall_path(directory, beat.rank), json.dumps(asdict(report)), durable=False, tmp=tmp)
         self._stop.wait(self.grace_s)
         suspects = choose_suspects(read_beats(directory), read_stall_reports(directory), self.world_size)
         log.error("watchdog: %s; suspect node(s): %s", suspects.why, ",".join(suspects.hosts) or "none")
@@ -306,10 +306,9 @@ class Watchdog:
 
     def _dump_stacks(self) -> None:
         """All threads' stacks into the rank's log and onto stderr (the batch log)."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         for handler in logging.getLogger().handlers:
             handler.flush()
-        with self.log_path.open("a") as out:
+        with open_append(self.log_path) as out:
             out.write(f"--- watchdog: Python stacks of all threads of rank {self.heartbeat.rank} (pid {os.getpid()})\n")
             out.flush()
             faulthandler.dump_traceback(file=out, all_threads=True)

@@ -30,6 +30,7 @@ from air_hpc.errors import ConfigError
 from air_hpc.launch.plan import Plan
 from air_hpc.ownership.attempts import sbatch_recorded
 from air_hpc.ownership.local_job import ProcessIdentity, RecordExit
+from air_hpc.records.files import atomic_write
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import Executor, record_submission
 from air_hpc.render import job_environment
@@ -217,7 +218,7 @@ def submitit_slurm_parameters(plan: Plan, run_dir: RunDir) -> dict[str, Any]:
     srun_args = ["--kill-on-bad-exit=1"]
     if spec.request.rank_hosts:
         hostfile = run_dir.hostfile
-        hostfile.write_text("".join(f"{h}\n" for h in spec.request.rank_hosts))
+        atomic_write(hostfile, "".join(f"{h}\n" for h in spec.request.rank_hosts), durable=False)
         setup.append(f"export SLURM_HOSTFILE={shell_quote(str(hostfile))}")
         srun_args.append("--distribution=arbitrary")
     return {**submitit_options(spec.directives), "setup": setup, "srun_args": srun_args}

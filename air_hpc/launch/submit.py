@@ -25,6 +25,7 @@ from air_hpc.launch.resume import check_resume, set_aside
 from air_hpc.observe.records import load_records, longest_sync_save_s
 from air_hpc.ownership.attempts import recorded_jobs
 from air_hpc.ownership.owner import Owner, claim
+from air_hpc.records.files import atomic_write
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import Executor
 from air_hpc.resilience.store import CheckpointStore
@@ -166,7 +167,7 @@ def write_run(plan_: Plan) -> RunDir:
     run_dir = RunDir.of(plan_.job)
     run_dir.logs.mkdir(parents=True, exist_ok=True)
     run_dir.write_job(plan_.job)
-    run_dir.sbatch.write_text(plan_.script)
+    atomic_write(run_dir.sbatch, plan_.script, durable=False)
     run_dir.sbatch.chmod(0o755)
     return run_dir
 

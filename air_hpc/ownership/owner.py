@@ -26,6 +26,7 @@ from air_hpc.digits import ascii_int
 from air_hpc.errors import AirHpcError, UserError
 from air_hpc.exitcodes import ExitCode
 from air_hpc.ownership.local_job import ProcessIdentity
+from air_hpc.records.files import atomic_write, open_fd
 from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.env import SlurmEnv
 
@@ -79,7 +80,7 @@ def read_owner(run_dir: RunDir) -> Owner | None:
 @contextlib.contextmanager
 def _locked(run_dir: RunDir, exclusive: bool) -> Iterator[None]:
     run_dir.path.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir.owner_lock, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_fd(run_dir.owner_lock, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         yield
@@ -94,12 +95,7 @@ class RecordOwner(Protocol):
 
 
 def _write(run_dir: RunDir, owner: Owner) -> None:
-    tmp = run_dir.owner.with_name(f".{run_dir.owner.name}.tmp")
-    with open(tmp, "w") as out:
-        out.write(json.dumps(asdict(owner)) + "\n")
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, run_dir.owner)
+    atomic_write(run_dir.owner, json.dumps(asdict(owner)) + "\n")
 
 
 def _succeed(run_dir: RunDir, found: Sequence[Owner]) -> None:

@@ -12,11 +12,11 @@ signal (143), not ours; the batch script therefore reads the exit code the
 ranks agreed on from ``<generation>/exit_code``.
 """
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
 from air_hpc.exitcodes import ExitCode
+from air_hpc.records.files import create_new
 from air_hpc.records.names import BEAT_PREFIX, BEAT_SUFFIX, EXIT_CODE_FILE, HOSTFILE
 from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.env import SlurmEnv
@@ -54,17 +54,7 @@ def beat_path(directory: Path, rank: int) -> Path:
 
 def write_exit_code(directory: Path, code: ExitCode) -> bool:
     """Tell the batch script why this start's ranks exited; True for the first writer, who records the cause."""
-    directory.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(directory / EXIT_CODE_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return False
-    try:
-        os.write(fd, f"{int(code)}\n".encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return True
+    return create_new(directory / EXIT_CODE_FILE, f"{int(code)}\n".encode(), durable=True)
 
 
 def read_exit_code(directory: Path) -> int | None:

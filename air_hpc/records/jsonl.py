@@ -8,10 +8,10 @@ UTF-8, is skipped and counted, and lines written before the schema was shared
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
+from air_hpc.records.files import append_bytes
 from air_hpc.records.names import KIND, LEGACY_KIND
 
 log = logging.getLogger(__name__)
@@ -25,17 +25,10 @@ def record(kind: str, time_s: float, **fields: Any) -> dict[str, Any]:
 def append(path: Path, row: dict[str, Any], *, durable: bool = False) -> None:
     """Append ``row`` as one line; ``durable``: fsync before returning (a crash right after must not lose it).
 
-    O_APPEND with one ``write`` keeps lines whole when several processes append to one file.
+    O_APPEND with one ``write`` keeps lines whole when several processes append to one file; a link at
+    ``path`` is refused (``records.files``).
     """
-    line = json.dumps(row, default=str) + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode())
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
+    append_bytes(path, (json.dumps(row, default=str) + "\n").encode(), durable=durable)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from air_hpc.records import names
+from air_hpc.records.files import atomic_write
 
 if TYPE_CHECKING:
     from air_hpc.config.models import JobConfig
@@ -102,8 +103,7 @@ class RunDir:
         )
 
     def write_job(self, job: "JobConfig") -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
-        self.job_json.write_text(job.model_dump_json(indent=2) + "\n")
+        atomic_write(self.job_json, job.model_dump_json(indent=2) + "\n")
 
     def read_job(self) -> "JobConfig":
         # pydantic (~4x the rest of records/) only here: the batch shell's helper and the signal path import records/.

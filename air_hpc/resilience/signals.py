@@ -20,6 +20,7 @@ from typing import Any
 from air_hpc.backend import collectives
 from air_hpc.digits import ascii_int
 from air_hpc.errors import ConfigError
+from air_hpc.records.files import touch
 from air_hpc.records.names import ARMED_FILE_PREFIX, STOP_REQUESTED_FILE, SUBMISSIONS
 from air_hpc.slurm.env import JOB_END_TIME, JOB_START_TIME, SlurmEnv, epoch_seconds
 
@@ -87,7 +88,7 @@ class StopRequest:
         the shell forwards the signal or this rank (or a later one) finds the record.
         """
         directory.mkdir(parents=True, exist_ok=True)
-        (directory / f"{ARMED_FILE_PREFIX}{rank}").touch()
+        touch(directory / f"{ARMED_FILE_PREFIX}{rank}")
         if (directory / STOP_REQUESTED_FILE).exists():
             log.warning("rank %d: a stop was requested before this rank was armed", rank)
             self._handle(signal_number(signal_name), None)

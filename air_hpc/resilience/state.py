@@ -37,6 +37,7 @@ import torch.distributed as dist
 from air_hpc.backend import collectives, megatron_compat
 from air_hpc.config.layout import ParallelLayout
 from air_hpc.errors import CheckpointError
+from air_hpc.records.files import atomic_write
 from air_hpc.resilience.safe_load import check_checkpoint
 from air_hpc.resilience.training_state import ModelChunk, TrainingState
 
@@ -161,7 +162,7 @@ def write_state_file(directory: Path, step: int, layout: ParallelLayout, trainin
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "extra": dict(training.progress),
     }
-    (directory / STATE_FILE).write_text(json.dumps(doc, indent=1) + "\n")
+    atomic_write(directory / STATE_FILE, json.dumps(doc, indent=1) + "\n", durable=False)
 
 
 def read_state_file(directory: Path) -> dict[str, Any]:

@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +37,7 @@ from typing import Literal
 
 from air_hpc.digits import DIGITS
 from air_hpc.errors import CheckpointError, ConfigError
+from air_hpc.records.files import atomic_write, open_fd, remove_tree
 
 log = logging.getLogger(__name__)
 
@@ -215,10 +215,10 @@ class CheckpointStore:
         removed = self.partial()
         for stale in removed:
             log.warning("removing the partial checkpoint %s left by an interrupted save", stale)
-            shutil.rmtree(stale, ignore_errors=True)
+            remove_tree(stale)
         if self.root.is_dir():
             for trash in self.root.glob(f"{_TRASH_PREFIX}*"):
-                shutil.rmtree(trash, ignore_errors=True)
+                remove_tree(trash)
         return removed
 
     def commit(self, step: int, retain: bool = True) -> Path:
@@ -242,7 +242,7 @@ class CheckpointStore:
             trash = self.root / f"{_TRASH_PREFIX}{step_name(step)}-{os.getpid()}"
             os.rename(final, trash)
             os.rename(staging, final)
-            shutil.rmtree(trash, ignore_errors=True)
+            remove_tree(trash)
         else:
             os.rename(staging, final)
         fsync_path(self.root)
@@ -285,10 +285,7 @@ class CheckpointStore:
         return entries
 
     def _write_latest(self, step: int) -> None:
-        tmp = self.root / f".{LATEST}.tmp"
-        _write_durably(tmp, step_name(step) + "\n")
-        os.replace(tmp, self.latest_file)
-        fsync_path(self.root)
+        atomic_write(self.latest_file, step_name(step) + "\n", tmp=self.root / f".{LATEST}.tmp")
 
     def apply_retention(
         self, keep_last: int | None = None, keep_every: int | None = None, trusted: Iterable[int] | None = None
@@ -316,7 +313,7 @@ class CheckpointStore:
                 continue
             trash = self.root / f"{_TRASH_PREFIX}{step_name(step)}-{os.getpid()}"
             os.rename(self.path(step), trash)
-            shutil.rmtree(trash, ignore_errors=True)
+            remove_tree(trash)
             removed.append(step)
         if removed:
             fsync_path(self.root)
@@ -438,7 +435,9 @@ def _tree_bytes(directory: Path) -> int:
 
 
 def _write_durably(path: Path, text: str) -> None:
-    with open(path, "w") as stream:
-        stream.write(text)
-        stream.flush()
-        os.fsync(stream.fileno())
+    fd = open_fd(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)

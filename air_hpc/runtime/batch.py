@@ -56,6 +56,7 @@ from air_hpc.exitcodes import NEVER_REQUEUED, REQUEUE_WORTHY, ExitCode
 from air_hpc.health.badnodes import read_bad_nodes
 from air_hpc.ownership.attempts import fence_settled
 from air_hpc.records.events import EventLog, Payload, Preempted, Requeue, payload_from_text
+from air_hpc.records.files import atomic_write
 from air_hpc.records.generation import generation, generation_dir, read_exit_code, start_hostfile
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import record_start
@@ -135,8 +136,7 @@ def start(
         fitted, moved = fit_rank_order(rank_hosts, job.allocated)
         for missing, host in moved.items():
             say(f"{missing} is not in this allocation; its ranks run on {host}")
-        start_dir.mkdir(parents=True, exist_ok=True)
-        start_hostfile(start_dir).write_text("".join(f"{host}\n" for host in fitted))
+        atomic_write(start_hostfile(start_dir), "".join(f"{host}\n" for host in fitted), durable=False)
         first = fitted[0]
     record_start(run_dir, job.job_id, job.restart_count, job.nodelist)
     say(f"job {job.job_id} start {job.restart_count + 1} on {job.nodelist}")

@@ -65,6 +65,7 @@ from air_hpc.records.events import (
     StepEnded,
     StepStarted,
 )
+from air_hpc.records.files import atomic_write, touch
 from air_hpc.records.generation import (
     STEP_ATTEMPT_ENV,
     generation,
@@ -241,7 +242,7 @@ class Supervisor:
         for name in names:
             signal.signal(getattr(signal, f"SIG{name}"), self._on_signal)
         self.start_dir.mkdir(parents=True, exist_ok=True)
-        (self.start_dir / SUPERVISOR_ARMED_FILE).touch()
+        touch(self.start_dir / SUPERVISOR_ARMED_FILE)
         if (self.start_dir / STOP_REQUESTED_FILE).exists():
             log.warning("a stop was requested before the supervisor was armed")
             self._signum = int(getattr(signal, f"SIG{self.job.resilience.signal}"))
@@ -261,7 +262,7 @@ class Supervisor:
         if signum is None or proc is None or proc.poll() is not None:
             return
         gen_dir.mkdir(parents=True, exist_ok=True)
-        (gen_dir / STOP_REQUESTED_FILE).touch()
+        touch(gen_dir / STOP_REQUESTED_FILE)
         armed = len(list(gen_dir.glob(f"{ARMED_FILE_PREFIX}*")))
         if armed >= self.job.resources.world_size:
             log.warning("stop signal %d: forwarding it to the step", signum)
@@ -403,10 +404,7 @@ class Supervisor:
         return probing.result() if any(h not in reported for h in hosts) else ()
 
     def _step_env(self, attempt: int, rank_hosts: Sequence[str]) -> dict[str, str]:
-        self.hostfile.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.hostfile.with_name(f".{self.hostfile.name}.tmp")
-        tmp.write_text("".join(f"{h}\n" for h in rank_hosts))
-        tmp.replace(self.hostfile)
+        atomic_write(self.hostfile, "".join(f"{h}\n" for h in rank_hosts), durable=False)
         env = {**self.environ, slurm_env.HOSTFILE: str(self.hostfile), STEP_ATTEMPT_ENV: str(attempt)}
         if "MASTER_ADDR" not in self.job.env:
             env["MASTER_ADDR"] = rank_hosts[0]

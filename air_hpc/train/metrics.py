@@ -10,10 +10,12 @@ import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from io import TextIOWrapper
 from pathlib import Path
 from typing import IO
 
 from air_hpc.config.models import ModelConfig
+from air_hpc.records.files import atomic_write, open_append, refuse_link
 from air_hpc.records.metrics import step_of
 
 #: Dense bf16 peak of one accelerator, by a substring of ``torch.cuda.get_device_name()``.
@@ -56,10 +58,10 @@ class MetricsWriter:
     """
 
     def __init__(self, path: Path, keep_through_step: int = 0) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists():
+        refuse_link(path)  # the resume below reads the file: never one a link points at
+        if path.is_file():
             _truncate_after(path, keep_through_step)
-        self._fh: IO[str] = path.open("a", encoding="utf-8")
+        self._fh: IO[str] = open_append(path)
 
     def write(self, metrics: StepMetrics) -> None:
         self._fh.write(metrics.to_json() + "\n")
@@ -75,9 +77,7 @@ def _truncate_after(path: Path, step: int) -> None:
     kept = [line for line, number in zip(lines, steps, strict=True) if number is not None and number <= step]
     if len(kept) == len(lines):
         return
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(b"".join(kept))
-    tmp.replace(path)
+    atomic_write(path, b"".join(kept))
 
 
 def flops_per_token(model: ModelConfig) -> float:
@@ -140,10 +140,17 @@ class RankFormatter(logging.Formatter):
         return "\n".join(header + line for line in super().format(record).splitlines() or [""])
 
 
+class _RankLogHandler(logging.FileHandler):
+    """A rank's log file, opened without following a link (``records.files``)."""
+
+    def _open(self) -> TextIOWrapper:
+        return open_append(Path(self.baseFilename))
+
+
 def setup_rank_logging(log_file: Path, rank: int, level: int = logging.INFO) -> logging.Handler:
     """Send this process's log records to ``log_file`` with the rank on every line."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(log_file, encoding="utf-8")
+    handler = _RankLogHandler(log_file, encoding="utf-8")
     handler.setFormatter(RankFormatter(rank))
     root = logging.getLogger()
     root.addHandler(handler)
