@@ -82,7 +82,11 @@ def select_with_spares(
 def nearest_spares(
     model: BlockModel, chosen: Sequence[str], available: Set[str], count: int, segment: int | None
 ) -> tuple[str, ...] | None:
-    """``count`` free nodes beside ``chosen`` in whole segments, nearest first; None when Slurm would refuse the set."""
+    """``count`` free nodes beside ``chosen`` in whole segments, nearest first; None when Slurm would refuse the set.
+
+    Nearest blocks are tried first; when that spreads the spares over more blocks than Slurm
+    allows, blocks that hold all the spares still needed are tried first instead.
+    """
     unit = segment or 1
     blocks = model.topology.blocks
     taken = set(chosen)
@@ -97,17 +101,26 @@ def nearest_spares(
             if len(picked) < count and len(free[i]) >= unit:
                 picked.extend(free[i][:unit])
                 del free[i][:unit]
+    rest = count - len(picked)
     others = sorted(
         (i for i in range(len(blocks)) if i not in load),
         key=lambda i: (min((i ^ h).bit_length() for h in home), len(free[i]) == len(blocks[i].nodes), i),
     )
-    for i in others:
-        while len(picked) < count and len(free[i]) >= unit:
-            picked.extend(free[i][:unit])
-            del free[i][:unit]
-    if len(picked) < count or violation(model, [*chosen, *picked], segment) is not None:
-        return None
-    return _file_order(model, picked)
+    fitting = sorted(others, key=lambda i: len(free[i]) // unit * unit < rest)
+    for order in (others, fitting):
+        spread = _spill(free, order, rest, unit)
+        if len(spread) == rest and violation(model, [*chosen, *picked, *spread], segment) is None:
+            return _file_order(model, [*picked, *spread])
+    return None
+
+
+def _spill(free: Sequence[Sequence[str]], order: Sequence[int], count: int, unit: int) -> list[str]:
+    """Up to ``count`` nodes from the blocks in ``order``, whole segments of ``unit`` at a time."""
+    picked: list[str] = []
+    for i in order:
+        whole = min(len(free[i]) // unit, (count - len(picked)) // unit) * unit
+        picked.extend(free[i][:whole])
+    return picked
 
 
 def _file_order(model: BlockModel, nodes: Sequence[str]) -> tuple[str, ...]:

@@ -326,3 +326,13 @@ def test_too_few_free_nodes_now_leave_the_wait_to_slurm_with_the_segment(tmp_pat
     assert notes[0].startswith("not enough free nodes now")
     request, _ = node_request(job, available={"n1", "n2", "n5", "n6", "n7", "n8"})
     assert request.rank_hosts and set(request.rank_hosts) == {"n5", "n6", "n7", "n8"} and request.spares == ("n1", "n2")
+
+
+def test_spares_stay_in_the_jobs_block_when_the_nearest_block_would_spread_them_too_far() -> None:
+    """Found by hypothesis: the nearest block held one free node, so the nearest-first spill took three blocks."""
+    m = model_of([3, 3, 3], (3,))
+    available = {"gb003", "gb004", "gb005", "gb006", "gb007", "gb008", "gb009"}
+    picked = select_with_spares(m, available, 2, 3)
+    check(m, picked, 2, 3)
+    job_blocks = {m.block_of[n] for n in picked.selection.nodes}
+    assert {m.block_of[n] for n in picked.spares} & job_blocks
