@@ -1,5 +1,8 @@
 """``air-hpc ckpt list|verify|prune``: inspect and tidy a run's checkpoints."""
 
+import sys
+from pathlib import Path
+
 import click
 
 from air_hpc.cli.options import echo_json, json_option, run_argument
@@ -107,15 +110,53 @@ def verify(run: str, step: int | None, as_json: bool) -> None:
 @click.option("--keep", "keep_last", type=click.IntRange(min=1), required=True, help="Keep the newest K checkpoints.")
 @click.option("--every", "keep_every", type=click.IntRange(min=0), default=0, help="Also keep every M-th step.")
 @click.option("--partial", is_flag=True, help="Also delete unfinished saves (only when no job is running).")
-def prune(run: str, keep_last: int, keep_every: int, partial: bool) -> None:
-    """Delete checkpoints beyond the newest K (and every M-th step)."""
+@click.option("--dry-run", is_flag=True, help="Say what would be deleted; delete nothing.")
+@click.option("-y", "--yes", is_flag=True, help="Delete without asking (needed when not on a terminal).")
+def prune(run: str, keep_last: int, keep_every: int, partial: bool, dry_run: bool, yes: bool) -> None:
+    """Delete checkpoints beyond the newest K (and every M-th step), after asking on a terminal.
+
+    Without --yes it asks first on a terminal and refuses elsewhere, since a
+    deleted checkpoint cannot be brought back; --dry-run only lists.
+    """
     store = open_store(run)
-    removed = store.apply_retention(keep_last=keep_last, keep_every=keep_every)
-    if partial:
-        removed_partial = store.remove_partial()
-        for path in removed_partial:
-            click.echo(f"removed unfinished {path.name}")
+    steps = store.retention_victims(keep_last=keep_last, keep_every=keep_every)
+    unfinished = store.partial() if partial else []
+    if not steps and not unfinished:
+        click.echo(f"nothing to remove in {store.root} (kept: {_steps_text(store.committed_steps())})")
+        return
+    plan = _prune_plan(store, steps, unfinished)
+    if dry_run:
+        click.echo(f"would remove {plan}; nothing removed (--dry-run)")
+        return
+    if not yes and not _confirmed(f"remove {plan}?"):
+        click.echo("nothing removed")
+        return
+    removed = store.apply_retention(keep_last=keep_last, keep_every=keep_every, only=steps)
+    for path in store.remove_partial() if partial else []:
+        click.echo(f"removed unfinished {path.name}")
     click.echo(f"removed {len(removed)} checkpoint(s){': ' + ', '.join(map(str, removed)) if removed else ''}")
+
+
+def _steps_text(steps: list[int]) -> str:
+    return ", ".join(map(str, steps)) or "none"
+
+
+def _prune_plan(store: CheckpointStore, steps: list[int], unfinished: list[Path]) -> str:
+    kept = [s for s in store.committed_steps() if s not in steps]
+    what = f"{len(steps)} checkpoint(s) of {store.root}: step(s) {_steps_text(steps)}, keeping {_steps_text(kept)}"
+    if unfinished:
+        what += f", and the unfinished save(s) {', '.join(p.name for p in unfinished)}"
+    return what
+
+
+def _confirmed(question: str) -> bool:
+    """Ask on a terminal; anywhere else (a script, cron, a pipe) refuse, naming --yes and --dry-run."""
+    if not sys.stdin.isatty():
+        raise UserError(
+            f"ckpt prune would {question.rstrip('?')}: not on a terminal to confirm; "
+            "pass --yes to delete, or --dry-run to only list"
+        )
+    return click.confirm(question, default=False)
 
 
 def _info_json(info: CheckpointInfo) -> dict[str, object]:

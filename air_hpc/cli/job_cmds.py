@@ -358,20 +358,16 @@ class _LogTail:
 @run_argument
 @json_option
 def cancel(run: str, as_json: bool) -> None:
-    """Cancel a run's current job."""
+    """Cancel a run's current job; one that had already ended is left alone and its end state said."""
     from air_hpc.ops.control import cancel_run
     from air_hpc.ops.runs import resolve_run
 
     run_dir = resolve_run(run)
-    record, cancelled = cancel_run(run_dir, slurm_client())
+    outcome = cancel_run(run_dir, slurm_client())
     if as_json:
-        echo_json(
-            {"run_dir": str(run_dir.path), "job_id": record.job_id, "executor": record.executor, "cancelled": cancelled}
-        )
-    elif cancelled:
-        click.echo(f"cancelled job {record.job_id} ({record.executor})")
+        echo_json(outcome.to_json(run_dir))
     else:
-        click.echo(f"job {record.job_id} ({record.executor}) had already ended; nothing to cancel")
+        click.echo(outcome.message())
 
 
 @click.command()

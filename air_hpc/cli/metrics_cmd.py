@@ -27,21 +27,22 @@ def metrics(root: str | None, textfile: Path | None, port: int | None, bind: str
     """Per-run step, loss, tokens/s, goodput, restarts, checkpoint and heartbeat age, and state, for Prometheus."""
     # Not at the top: both import prometheus_client, which `air-hpc --help` must not load (tests/unit/test_cli.py).
     from air_hpc.observe.prometheus import registry_of, serve, write_textfile
+    from air_hpc.ops.runs import existing_runs_root
     from air_hpc.ops.states import snapshot
 
     one_of = "give one of --textfile OUT.prom or --serve PORT"
+    if (textfile is None) == (port is None):
+        raise UserError(one_of)
+    if textfile is not None and textfile.suffix != ".prom":
+        raise UserError(f"--textfile {textfile}: node_exporter's textfile collector reads only *.prom files")
+    base = existing_runs_root(root)
     client = slurm_client()
-    registry = registry_of(lambda: snapshot(root, client))
+    registry = registry_of(lambda: snapshot(base, client))
     if textfile is not None:
-        if port is not None:
-            raise UserError(one_of)
-        if textfile.suffix != ".prom":
-            raise UserError(f"--textfile {textfile}: node_exporter's textfile collector reads only *.prom files")
         write_textfile(textfile, registry)
         click.echo(f"wrote {textfile}")
         return
-    if port is None:
-        raise UserError(one_of)
+    assert port is not None  # exactly one of the two, checked above
     host, bound, stop = serve(registry, port, bind)
     click.echo(f"serving http://{host}:{bound}/metrics (Ctrl-C stops)")
     try:

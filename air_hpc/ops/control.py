@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from air_hpc.errors import UserError
+from air_hpc.errors import SlurmError, UserError
 from air_hpc.health.badnodes import read_bad_nodes
 from air_hpc.observe.live import LiveView, change_key, last_event, live_panel, plain_line
 from air_hpc.observe.progress import RunProgress, run_progress
@@ -23,7 +23,7 @@ from air_hpc.ownership.local_job import cancel_local, local_job_status
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import SubmissionRecord, latest_submission, record_cancel
 from air_hpc.slurm.client import SlurmClient
-from air_hpc.slurm.jobs import JobStatus
+from air_hpc.slurm.jobs import JobState, JobStatus, merge_status
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -116,17 +116,64 @@ def check_rank(run_dir: RunDir, rank: int | None) -> None:
         raise UserError(f"--rank {rank}: run {run_dir.path.name} has {world} ranks (0-{world - 1})")
 
 
-def cancel_run(run_dir: RunDir, client: SlurmClient) -> tuple[SubmissionRecord, bool]:
-    """Stop the run's current job; False when a local job had already ended (nothing was signalled)."""
+@dataclass(frozen=True)
+class CancelOutcome:
+    """What ``cancel`` actually did: whether it stopped a job, and the state the job was in when it looked."""
+
+    record: SubmissionRecord
+    cancelled: bool
+    """True only when a job that was still queued or running was told to stop."""
+    state: str | None
+    """The job's state when cancel looked (a job that had ended: its end state); None when no one could say."""
+    why_unknown: str = ""
+    """Why the state is not known (accounting did not answer), for the message."""
+
+    def to_json(self, run_dir: RunDir) -> dict[str, Any]:
+        return {
+            "run_dir": str(run_dir.path),
+            "job_id": self.record.job_id,
+            "executor": self.record.executor,
+            "cancelled": self.cancelled,
+            "state": self.state,
+        }
+
+    def message(self) -> str:
+        job = f"job {self.record.job_id} ({self.record.executor})"
+        if self.cancelled:
+            return f"cancelled {job}, which was {self.state}"
+        if self.state is None:
+            return f"{job} is no longer queued or running ({self.why_unknown}); nothing to cancel"
+        return f"{job} had already ended: {self.state}; nothing to cancel"
+
+
+def cancel_run(run_dir: RunDir, client: SlurmClient) -> CancelOutcome:
+    """Stop the run's current job if it is still queued or running; an ended job is left alone and said so."""
     reconcile(run_dir, client)
     record = latest_submission(run_dir)
-    if record.executor != "local":
-        client.scancel(record.job_id)
-        return record, True
-    if not cancel_local(record):
-        return record, False
-    record_cancel(run_dir, record.job_id)
-    return record, True
+    if record.executor == "local":
+        before = local_job_status(run_dir, record).state
+        if not cancel_local(record):
+            return CancelOutcome(record, False, str(before))
+        record_cancel(run_dir, record.job_id)
+        return CancelOutcome(record, True, str(before))
+    live = [r for r in client.squeue([record.job_id]) if r.job_id == record.job_id]
+    if not live or live[0].state.terminal:
+        return _ended(record, client, live[0].state if live else None)
+    client.scancel(record.job_id)
+    return CancelOutcome(record, True, str(live[0].state))
+
+
+def _ended(record: SubmissionRecord, client: SlurmClient, queued: JobState | None) -> CancelOutcome:
+    """A Slurm job the controller no longer runs: its end state from the queue, else from accounting."""
+    if queued is not None:
+        return CancelOutcome(record, False, str(queued))
+    try:
+        found = merge_status(record.job_id, [], client.sacct([record.job_id]))
+    except SlurmError as exc:
+        return CancelOutcome(record, False, None, f"its end state is unknown: {exc}")
+    if found is None:
+        return CancelOutcome(record, False, None, "neither squeue nor sacct knows it")
+    return CancelOutcome(record, False, str(found.state))
 
 
 def live_view(status: RunStatus, now_s: float) -> LiveView:

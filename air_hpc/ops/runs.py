@@ -21,6 +21,18 @@ def runs_root(root: Path | str | None = None) -> Path:
     return Path(chosen).expanduser().resolve()
 
 
+def existing_runs_root(root: Path | str | None = None) -> Path:
+    """The runs root, which must exist: exporting an empty fleet from a mistyped root would look like success."""
+    base = runs_root(root)
+    if not base.is_dir():
+        given = "--root" if root is not None else f"${RUNS_ROOT_ENV}" if os.environ.get(RUNS_ROOT_ENV) else "./runs"
+        raise UserError(
+            f"runs root {base} ({given}): no such directory; give the directory holding the run directories "
+            f"(--root DIR, or ${RUNS_ROOT_ENV})"
+        )
+    return base
+
+
 def is_run_dir(path: Path) -> bool:
     """A directory air-hpc made for a run: it holds the resolved job, the submissions or checkpoints."""
     run_dir = RunDir(path)

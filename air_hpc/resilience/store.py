@@ -287,12 +287,12 @@ class CheckpointStore:
     def _write_latest(self, step: int) -> None:
         atomic_write(self.latest_file, step_name(step) + "\n", tmp=self.root / f".{LATEST}.tmp")
 
-    def apply_retention(
+    def retention_victims(
         self, keep_last: int | None = None, keep_every: int | None = None, trusted: Iterable[int] | None = None
     ) -> list[int]:
-        """Delete committed checkpoints that retention does not keep; returns their steps.
+        """The committed steps :meth:`apply_retention` would delete now, deleting nothing (a dry run).
 
-        A checkpoint is deleted only when a newer *verified* one supersedes it: one that passes
+        A checkpoint goes only when a newer *verified* one supersedes it: one that passes
         the size check and, when ``trusted`` is given, is among those steps (the checkpointer's
         own: the step it resumed from after hashing it, and those it wrote and hashed itself).
         So corrupt newer checkpoints never cost an older one, which may be the only one left to
@@ -307,9 +307,25 @@ class CheckpointStore:
         verified = [s for s in steps if (allowed is None or s in allowed) and self._passes_size_check(s)]
         keep = retained_steps(verified, keep_last, 0) | retained_steps(steps, 0, keep_every)
         newest_verified = max(verified, default=None)
+        if newest_verified is None:
+            return []
+        return [step for step in steps if step not in keep and step < newest_verified]
+
+    def apply_retention(
+        self,
+        keep_last: int | None = None,
+        keep_every: int | None = None,
+        trusted: Iterable[int] | None = None,
+        only: Iterable[int] | None = None,
+    ) -> list[int]:
+        """Delete the committed checkpoints :meth:`retention_victims` names; returns their steps.
+
+        ``only``: delete no step outside these (what a person confirmed), even if retention now names more.
+        """
+        confirmed = None if only is None else set(only)
         removed = []
-        for step in steps:
-            if step in keep or newest_verified is None or step >= newest_verified:
+        for step in self.retention_victims(keep_last, keep_every, trusted):
+            if confirmed is not None and step not in confirmed:
                 continue
             trash = self.root / f"{_TRASH_PREFIX}{step_name(step)}-{os.getpid()}"
             os.rename(self.path(step), trash)

@@ -174,6 +174,17 @@ def test_cancel_ends_a_running_job(testbed: Any, tmp_path: Path, payload: Path) 
     assert wait_state(testbed, done.job_id, 30) is JobState.CANCELLED
 
 
+def test_cancel_of_a_completed_job_cancels_nothing_and_says_so(testbed: Any, tmp_path: Path, payload: Path) -> None:
+    done = submit_payload(testbed, tmp_path, payload, "quick", "done-early")
+    assert wait_state(testbed, done.job_id) is JobState.COMPLETED
+    result = cli(testbed, "cancel", str(done.run_dir))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"job {done.job_id} (slurm) had already ended: COMPLETED; nothing to cancel\n"
+    data = json.loads(cli(testbed, "cancel", str(done.run_dir), "--json").stdout)
+    assert (data["cancelled"], data["state"]) == (False, "COMPLETED")
+    assert run_status(RunDir(done.run_dir), testbed.client).job.state is JobState.COMPLETED
+
+
 def test_hostile_job_name_reaches_slurm_verbatim(testbed: Any, tmp_path: Path, small_corpus: Path) -> None:
     name = 'x"; touch pwned; echo " #$(id) `id` \\ it\'s'
     job = load_job(TESTBED_JOB, [f"run.root={tmp_path}", "placement.topology_aware=false", f"data.path={small_corpus}"])

@@ -11,6 +11,7 @@ from air_hpc.ops.states import snapshot
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import record_submission
 from air_hpc.slurm.fake import FakeSlurm
+from air_hpc.slurm.jobs import JobState
 from tests.conftest import RunMain
 from tests.unit.test_observe_report import REPO, preempted_run
 
@@ -73,8 +74,33 @@ def test_status_and_cancel_by_name(
         "executor": "slurm",
         "job_id": job_id,
         "run_dir": str(tmp_path / "runs" / "gpt-tiny-local"),
+        "state": "RUNNING",
     }
     assert ["scancel", job_id] in fake.calls
+
+
+@pytest.mark.parametrize("end", [JobState.COMPLETED, JobState.FAILED])
+def test_cancel_of_an_ended_job_says_so_and_cancels_nothing(
+    slurm_run: tuple[RunDir, FakeSlurm, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    end: JobState,
+) -> None:
+    _, fake, job_id = slurm_run
+    fake.finish(job_id, end)
+    monkeypatch.setenv(RUNS_ROOT_ENV, str(tmp_path / "runs"))
+    data = json.loads(invoke(["cancel", "gpt-tiny-local", "--json"], fake, capsys))
+    assert (data["cancelled"], data["state"], data["job_id"]) == (False, str(end), job_id)
+    assert invoke(["cancel", "gpt-tiny-local"], fake, capsys) == (
+        f"job {job_id} (slurm) had already ended: {end}; nothing to cancel\n"
+    )
+    assert not [c for c in fake.calls if c[0] == "scancel"]
+    assert fake.jobs[job_id].state is end
+    del fake.jobs[job_id]  # forgotten by the controller and by accounting
+    assert invoke(["cancel", "gpt-tiny-local"], fake, capsys) == (
+        f"job {job_id} (slurm) is no longer queued or running (neither squeue nor sacct knows it); nothing to cancel\n"
+    )
 
 
 def test_runs_lists_every_run_under_the_root(

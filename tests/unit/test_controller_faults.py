@@ -202,8 +202,8 @@ def test_a_lost_sbatch_answer_is_found_by_its_comment_and_never_submitted_twice(
     assert (status.submission.job_id, status.job.state) == (queued.job_id, JobState.RUNNING)
     with pytest.raises(RunBusyError, match=f"job {queued.job_id} \\(slurm\\) still owns this run directory"):
         submit(job, "slurm", fake, step_command=["true"])
-    record, cancelled = cancel_run(run_dir, fake)
-    assert (record.job_id, cancelled) == (queued.job_id, True)
+    outcome = cancel_run(run_dir, fake)
+    assert (outcome.record.job_id, outcome.cancelled, outcome.state) == (queued.job_id, True, "RUNNING")
     assert fake.jobs[queued.job_id].state is JobState.CANCELLED
     assert [r.job_id for r in submissions(run_dir)] == [queued.job_id] and pending_attempts(run_dir) == []
 

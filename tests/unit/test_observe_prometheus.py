@@ -143,6 +143,21 @@ def test_metrics_usage_errors_exit_2(args: list[str], message: str, capsys: pyte
     assert message in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("mode", [["--textfile", "x.prom"], ["--serve", "0"]])
+def test_a_root_that_does_not_exist_is_an_error_not_an_empty_export(tmp_path: Path, mode: list[str]) -> None:
+    args = [sys.executable, "-m", "air_hpc", "metrics", "--root", str(tmp_path / "nonexistent"), *mode]
+    with subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise AssertionError("metrics went on exporting a root that does not exist") from None
+    assert proc.returncode == 2 and out == "" and err.count("\n") == 1, err
+    assert f"runs root {tmp_path / 'nonexistent'} (--root): no such directory" in err
+    assert not (tmp_path / "x.prom").exists()
+
+
 def test_a_port_in_use_or_an_unwritable_textfile_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,6 +1,11 @@
 """``air-hpc ckpt list|verify|prune`` through the CLI's error boundary."""
 
 import json
+import os
+import pty
+import select
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -61,9 +66,68 @@ def test_verify_ok_and_corrupt(run: Path, run_main: RunMain) -> None:
 
 
 def test_prune(run: Path, run_main: RunMain) -> None:
-    code, out, _ = run_main(["ckpt", "prune", str(run), "--keep", "1", "--every", "20", "--partial"])
+    code, out, _ = run_main(["ckpt", "prune", str(run), "--keep", "1", "--every", "20", "--partial", "--yes"])
     assert code == 0 and "removed 1 checkpoint(s): 10" in out and "unfinished .tmp-step_0000040" in out
     assert CheckpointStore(run / "checkpoints", keep_last=1).committed_steps() == [20, 30]
+    code, out, _ = run_main(["ckpt", "prune", str(run), "--keep", "1", "--every", "20"])
+    assert code == 0 and out == f"nothing to remove in {run / 'checkpoints'} (kept: 20, 30)\n"
+
+
+def test_prune_dry_run_deletes_nothing(run: Path, run_main: RunMain) -> None:
+    code, out, _ = run_main(["ckpt", "prune", str(run), "--keep", "1", "--partial", "--dry-run"])
+    assert code == 0
+    assert out == (
+        f"would remove 2 checkpoint(s) of {run / 'checkpoints'}: step(s) 10, 20, keeping 30, "
+        "and the unfinished save(s) .tmp-step_0000040; nothing removed (--dry-run)\n"
+    )
+    store = CheckpointStore(run / "checkpoints", keep_last=1)
+    assert store.committed_steps() == [10, 20, 30] and len(store.partial()) == 1
+
+
+def test_prune_off_a_terminal_without_yes_refuses(run: Path, run_main: RunMain) -> None:
+    code, out, err = run_main(["ckpt", "prune", str(run), "--keep", "1"])
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "would remove 2 checkpoint(s)" in err and "not on a terminal to confirm" in err and "--yes" in err
+    assert CheckpointStore(run / "checkpoints", keep_last=1).committed_steps() == [10, 20, 30]
+
+
+def read_terminal(fd: int, until: bytes | None, timeout_s: float = 120) -> bytes:
+    """What the program wrote to the terminal, up to ``until`` (None: until it closed the terminal)."""
+    got = b""
+    deadline = time.monotonic() + timeout_s
+    while until is None or until not in got:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise AssertionError(f"no {until!r} on the terminal within {timeout_s} s: {got!r}")
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:  # EIO: the program closed the terminal
+            chunk = b""
+        if not chunk:
+            if until is not None:
+                raise AssertionError(f"the program ended without {until!r}: {got!r}")
+            break
+        got += chunk
+    return got
+
+
+@pytest.mark.parametrize(("answer", "left"), [("n", [10, 20, 30]), ("y", [30])])
+def test_prune_on_a_terminal_asks_first(run: Path, answer: str, left: list[int]) -> None:
+    """A real pseudo-terminal: the question is shown and only a yes deletes."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: air-hpc with the pty as its terminal
+        os.execv(sys.executable, [sys.executable, "-m", "air_hpc", "ckpt", "prune", str(run), "--keep", "1"])
+    try:
+        shown = read_terminal(fd, b"[y/N]")
+        assert b"remove 2 checkpoint(s)" in shown and b"step(s) 10, 20, keeping 30" in shown
+        os.write(fd, answer.encode() + b"\n")
+        rest = read_terminal(fd, None)
+    finally:
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert (b"removed 2 checkpoint(s): 10, 20" if answer == "y" else b"nothing removed") in rest
+    assert CheckpointStore(run / "checkpoints", keep_last=1).committed_steps() == left
 
 
 @pytest.mark.parametrize(

@@ -226,8 +226,10 @@ def test_cli_submit_status_logs_cancel(tmp_path: Path, capsys: pytest.CaptureFix
     assert "rank 1 on n1" in capsys.readouterr().out
 
     invoke(fake, ["cancel", str(run)])
-    assert capsys.readouterr().out == f"cancelled job {job_id} (slurm)\n"
+    assert capsys.readouterr().out == f"cancelled job {job_id} (slurm), which was RUNNING\n"
     assert fake.jobs[job_id].state is JobState.CANCELLED
+    invoke(fake, ["cancel", str(run)])
+    assert capsys.readouterr().out == f"job {job_id} (slurm) had already ended: CANCELLED; nothing to cancel\n"
     invoke(fake, ["status", job_id, "--json"])
     assert json.loads(capsys.readouterr().out)["state"] == "CANCELLED"
 
