@@ -45,6 +45,16 @@ class SlurmUnreachableError(SlurmError):
     exit_code = ExitCode.UNREACHABLE
 
 
+class SlurmNotConfiguredError(SlurmUnreachableError):
+    """Slurm's commands found no cluster configuration (no slurm.conf, no configless source): no cluster to ask.
+
+    An unreachable cluster to everything that carries on without one (a skipped
+    ``--test-only``), but said as what it is, at once, and a mistake to fix (exit 2).
+    """
+
+    exit_code = ExitCode.USAGE
+
+
 class TrainingFailed(AirHpcError):
     """A submitted job ended without completing."""
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from air_hpc.digits import ascii_int
-from air_hpc.errors import ConfigError, SlurmError, SlurmUnreachableError
+from air_hpc.errors import ConfigError, SlurmError, SlurmNotConfiguredError, SlurmUnreachableError
 from air_hpc.slurm.cluster import PARTITION_ARGS, Partition, parse_partitions
 from air_hpc.slurm.controller import describe, refused_everywhere
 from air_hpc.slurm.jobs import (
@@ -52,9 +52,26 @@ UNREACHABLE_MARKERS = (
     "Socket timed out",
     "Connection refused",
     "Zero Bytes were transmitted or received",
-    "Could not establish a configuration source",
     "slurm_load_jobs error: Unable to contact",
 )
+
+#: stderr of a Slurm command that found no slurm.conf (nor a configless source): no cluster to ask, not a slow one.
+NO_CONFIG_MARKER = "Could not establish a configuration source"
+
+
+def no_configuration(env: Mapping[str, str]) -> str:
+    """Why Slurm's commands have no configuration here, and how to point them at one."""
+    conf = env.get("SLURM_CONF", "")
+    if conf and not os.path.isfile(conf):
+        where = f"SLURM_CONF={conf} names no file"
+    elif conf:
+        where = f"SLURM_CONF={conf} could not be read"
+    else:
+        where = "SLURM_CONF is not set, there is no /etc/slurm/slurm.conf and no configless slurmctld answered"
+    return (
+        f"no Slurm cluster configuration found: {where}; point at one with `export SLURM_CONF=/path/to/slurm.conf`, "
+        'or for the local testbed `eval "$(air-hpc testbed env)"`'
+    )
 
 
 #: A command that has not answered in this long is checked for a controller that refuses connections.
@@ -166,12 +183,7 @@ class SlurmClient:
         client deadline after that, calls fail without waiting again. ``check=False``
         (the caller reads the answer itself, e.g. ``scontrol ping``) skips both.
         """
-        if check:
-            if time.monotonic() < self._down_until:
-                raise NotRun(f"Slurm controller unreachable ({self._down_reason}); {args[0]} not run")
-            refused = self.controller_refused() if args[0] == "sbatch" else None
-            if refused is not None:
-                raise NotRun(f"Slurm controller unreachable: connection refused at {refused} (is slurmctld running?)")
+        self._refuse_early(args, check)
         deadline_s = self.deadline_s if retry.deadline_s is None else min(retry.deadline_s, self.deadline_s)
         deadline = time.monotonic() + deadline_s
         attempts = 1 + (self.retries if retry.retries is None else retry.retries)
@@ -184,6 +196,8 @@ class SlurmClient:
             if result.returncode == 0 or not check:
                 return result
             stderr = result.stderr.strip()
+            if NO_CONFIG_MARKER in stderr:
+                raise SlurmNotConfiguredError(f"{no_configuration(self.env)} ({stderr.splitlines()[-1]})")
             unreachable = any(marker in stderr for marker in UNREACHABLE_MARKERS)
             if not unreachable:
                 raise SlurmError(f"{shlex.join(args)} failed (exit {result.returncode}): {stderr}")
@@ -209,6 +223,16 @@ class SlurmClient:
             f"Slurm controller unreachable: {args[0]} gave no answer within {deadline_s:g} s (${DEADLINE_ENV}): {last}"
         )
 
+    def _refuse_early(self, args: Sequence[str], check: bool) -> None:
+        """Fail before running ``args`` when the controller is known to be down."""
+        if not check:
+            return
+        if time.monotonic() < self._down_until:
+            raise NotRun(f"Slurm controller unreachable ({self._down_reason}); {args[0]} not run")
+        refused = self.controller_refused() if args[0] == "sbatch" else None
+        if refused is not None:
+            raise NotRun(f"Slurm controller unreachable: connection refused at {refused} (is slurmctld running?)")
+
     def _mark_down(self, reason: str) -> None:
         self._down_until, self._down_reason = time.monotonic() + self.deadline_s, reason
 
@@ -222,6 +246,9 @@ class SlurmClient:
         transmitted"), which a probe per command turned into a line in its log for every poll.
         """
         log.debug("run: %s", shlex.join(args))
+        conf = self.env.get("SLURM_CONF", "")
+        if conf and not os.path.isfile(conf):  # Slurm's tools would retry reading it for a minute
+            raise SlurmNotConfiguredError(no_configuration(self.env))
         try:
             proc = subprocess.Popen(
                 list(args),

@@ -1,11 +1,16 @@
 """The client's typed calls and retry rule, against the fake controller (real formats, kept state)."""
 
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from air_hpc.errors import SlurmError, SlurmUnreachableError
-from air_hpc.slurm.client import IN_JOB, ONCE, PATIENT, RetryPolicy, talks_to_slurmctld
+from air_hpc.errors import SlurmError, SlurmNotConfiguredError, SlurmUnreachableError
+from air_hpc.slurm.client import IN_JOB, NO_CONFIG_MARKER, ONCE, PATIENT, RetryPolicy, SlurmClient, talks_to_slurmctld
 from air_hpc.slurm.fake import FakeClusterText, FakeJob, FakeSlurm
 from air_hpc.slurm.jobs import JobState
 from air_hpc.slurm.version import SlurmVersion
@@ -180,3 +185,49 @@ def test_preemption_reads_the_job_then_the_release() -> None:
     fake.calls.clear()
     assert fake.preemption("6") is None and fake.preemption("404") is None
     assert [c[-1] for c in fake.calls] == ["6", "404"], "no version asked when there is no preemption"
+
+
+class Unconfigured(FakeSlurm):
+    """Slurm's tools on a machine with no slurm.conf: every command dies at once with Slurm's own words."""
+
+    def _run_once(
+        self, args: Sequence[str], input_text: str | None, timeout_s: float, *, probe_slow: bool = False
+    ) -> subprocess.CompletedProcess[str]:
+        self.calls.append(list(args))
+        err = f"{args[0]}: error: fetch_config: DNS SRV lookup failed\n{args[0]}: fatal: {NO_CONFIG_MARKER}\n"
+        return subprocess.CompletedProcess(list(args), 1, "", err)
+
+
+def test_no_configuration_is_said_as_such_at_once_not_as_an_unreachable_controller(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    client = Unconfigured(retries=3)
+    with pytest.raises(SlurmNotConfiguredError) as info:
+        client.partitions()
+    assert len(client.calls) == 1, "nothing to retry: no cluster is configured"
+    message = str(info.value)
+    assert message.startswith("no Slurm cluster configuration found: SLURM_CONF is not set")
+    assert "export SLURM_CONF=" in message and 'eval "$(air-hpc testbed env)"' in message
+    assert "unreachable" not in message and info.value.exit_code == 2
+
+
+def test_a_slurm_conf_that_names_no_file_is_refused_before_any_command(tmp_path: Path) -> None:
+    """The real client, not the fake: Slurm's own tools would retry reading the missing file for a minute."""
+    client = SlurmClient(env={"SLURM_CONF": str(tmp_path / "slurm.conf"), "PATH": str(tmp_path)})
+    with pytest.raises(SlurmNotConfiguredError, match=f"SLURM_CONF={tmp_path / 'slurm.conf'} names no file"):
+        client.squeue(["1"])
+
+
+@pytest.mark.skipif(
+    shutil.which("scontrol") is None or Path("/etc/slurm/slurm.conf").exists(),
+    reason="needs Slurm's scontrol and a machine without /etc/slurm/slurm.conf",
+)
+def test_doctor_without_any_slurm_configuration_says_how_to_point_at_one(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    result = subprocess.run(
+        [sys.executable, "-m", "air_hpc", "doctor"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2 and result.stdout == "", result.stderr
+    assert result.stderr.startswith("error: no Slurm cluster configuration found: SLURM_CONF is not set")
+    assert result.stderr.count("\n") == 1 and "testbed env" in result.stderr and "gave no answer" not in result.stderr
