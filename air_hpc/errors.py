@@ -55,6 +55,12 @@ class SlurmNotConfiguredError(SlurmUnreachableError):
     exit_code = ExitCode.USAGE
 
 
+class AccountingUnreachableError(SlurmError):
+    """slurmdbd (``sacct``'s daemon) does not answer; slurmctld may well, so the queue can still be asked."""
+
+    exit_code = ExitCode.UNREACHABLE
+
+
 class TrainingFailed(AirHpcError):
     """A submitted job ended without completing."""
 

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from air_hpc.errors import SlurmError, UserError
+from air_hpc.errors import AccountingUnreachableError, SlurmError, SlurmUnreachableError, UserError
 from air_hpc.health.badnodes import read_bad_nodes
 from air_hpc.observe.live import LiveView, change_key, last_event, live_panel, plain_line
 from air_hpc.observe.progress import RunProgress, run_progress
-from air_hpc.observe.records import last_crash, load_records, stop_reason
+from air_hpc.observe.records import RunRecords, last_crash, load_records, stop_reason
+from air_hpc.ops.states import trained_every_step
 from air_hpc.ops.waiting import poll_until
 from air_hpc.ownership.attempts import reconcile
 from air_hpc.ownership.local_job import cancel_local, local_job_status
@@ -62,18 +63,38 @@ class RunStatus:
 def run_status(run_dir: RunDir, client: SlurmClient) -> RunStatus:
     reconcile(run_dir, client)
     record = latest_submission(run_dir)
-    if record.executor == "local":
-        job = local_job_status(run_dir, record)
-    else:
-        found = client.job_status(record.job_id)
-        if found is None:
-            raise UserError(f"job {record.job_id} of run {run_dir.path}: neither squeue nor sacct knows it")
-        job = found
     records = load_records(run_dir)
+    local = record.executor == "local"
+    job = local_job_status(run_dir, record) if local else _slurm_job(run_dir, record, records, client)
     progress = run_progress(records, time.time())
     return RunStatus(
         run_dir, record, job, progress, read_bad_nodes(run_dir.bad_nodes), stop_reason(records), last_crash(records)
     )
+
+
+def _slurm_job(run_dir: RunDir, record: SubmissionRecord, records: RunRecords, client: SlurmClient) -> JobStatus:
+    """Slurm's view of the job; where Slurm cannot tell (accounting down or forgotten), the run's own records.
+
+    A run whose records show every step trained is COMPLETED even with the controller down; a
+    job the queue no longer lists while slurmdbd is down is UNKNOWN, saying which daemon is.
+    """
+    try:
+        found = client.job_status(record.job_id)
+        why = "neither squeue nor sacct knows it"
+    except AccountingUnreachableError as exc:
+        found, why = None, f"squeue no longer lists it and {exc}"
+    except SlurmUnreachableError:
+        if not trained_every_step(records):
+            raise
+        found, why = None, "Slurm controller unreachable"
+    if found is not None:
+        return found
+    if trained_every_step(records):
+        reason = f"every step trained, from the run's records ({why})"
+        return JobStatus(record.job_id, JobState.COMPLETED, 0, "", run_dir.path.name, 0, "records", reason)
+    if why.startswith("squeue"):
+        return JobStatus(record.job_id, JobState.UNKNOWN, 0, "", run_dir.path.name, 0, "squeue", why)
+    raise UserError(f"job {record.job_id} of run {run_dir.path}: {why}, and its records do not show it finished")
 
 
 @dataclass(frozen=True)

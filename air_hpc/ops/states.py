@@ -23,7 +23,7 @@ from air_hpc.ops.runs import find_runs
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import SubmissionRecord, submissions
 from air_hpc.slurm.client import SlurmClient
-from air_hpc.slurm.jobs import JobState, merge_status
+from air_hpc.slurm.jobs import JobRecord, JobState, merge_status
 
 log = logging.getLogger(__name__)
 
@@ -37,28 +37,48 @@ class RunJob:
     restarts: int
 
 
+def trained_every_step(records: RunRecords) -> bool:
+    """The run's own records show its last step trained: it completed, whatever the scheduler still remembers."""
+    return records.total_steps is not None and any(s.step >= records.total_steps for s in records.steps)
+
+
 def _local_state(submission: SubmissionRecord, records: RunRecords) -> JobState:
     pid = ascii_int(submission.job_id)
     if pid is not None and psutil.pid_exists(pid):
         return JobState.RUNNING
-    done = records.total_steps is not None and any(s.step >= records.total_steps for s in records.steps)
-    return JobState.COMPLETED if done else JobState.UNKNOWN
+    return JobState.COMPLETED if trained_every_step(records) else JobState.UNKNOWN
+
+
+def _ask_slurm(job_ids: list[str], client: SlurmClient) -> tuple[list[JobRecord], list[JobRecord], bool]:
+    """The queue's and accounting's records of the jobs, and whether the queue answered.
+
+    A dead slurmdbd costs only the ended jobs' accounting: the queue still tells the live ones.
+    """
+    if not job_ids:
+        return [], [], True
+    try:
+        queued = client.squeue(job_ids)
+    except SlurmError as exc:
+        log.warning("job states unknown: %s", exc)
+        return [], [], False
+    gone = sorted(set(job_ids) - {r.job_id for r in queued})
+    try:
+        return queued, client.sacct(gone) if gone else [], True
+    except SlurmError as exc:
+        log.warning("ended jobs' states from the runs' records only: %s", exc)
+        return queued, [], True
 
 
 def run_jobs(runs: list[tuple[RunDir, RunRecords]], client: SlurmClient) -> list[RunJob]:
-    """The latest job of each run and its state, in the order given."""
+    """The latest job of each run and its state, in the order given.
+
+    A job the scheduler cannot tell about (accounting down or forgotten, the controller down) is
+    COMPLETED when its run's records show every step trained, else UNKNOWN.
+    """
     latest: list[SubmissionRecord | None] = [next(reversed(submissions(run_dir)), None) for run_dir, _ in runs]
-    slurm_ids = [s.job_id for s in latest if s is not None and s.executor != "local"]
-    queued, accounted = [], []
-    reachable = True
-    if slurm_ids:
-        try:
-            queued = client.squeue(slurm_ids)
-            gone = sorted(set(slurm_ids) - {r.job_id for r in queued})
-            accounted = client.sacct(gone) if gone else []
-        except SlurmError as exc:
-            log.warning("job states unknown: %s", exc)
-            reachable = False
+    queued, accounted, reachable = _ask_slurm(
+        [s.job_id for s in latest if s is not None and s.executor != "local"], client
+    )
     found = []
     for (_, records), submission in zip(runs, latest, strict=True):
         if submission is None:
@@ -69,7 +89,7 @@ def run_jobs(runs: list[tuple[RunDir, RunRecords]], client: SlurmClient) -> list
             found.append(RunJob(submission, _local_state(submission, records), recorded_restarts))
             continue
         status = merge_status(submission.job_id, queued, accounted) if reachable else None
-        state = status.state if status else JobState.UNKNOWN
+        state = status.state if status else JobState.COMPLETED if trained_every_step(records) else JobState.UNKNOWN
         restarts = max(status.restarts if status else 0, recorded_restarts)
         found.append(RunJob(submission, state, restarts))
     return found

@@ -20,7 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from air_hpc.digits import ascii_int
-from air_hpc.errors import ConfigError, SlurmError, SlurmNotConfiguredError, SlurmUnreachableError
+from air_hpc.errors import (
+    AccountingUnreachableError,
+    ConfigError,
+    SlurmError,
+    SlurmNotConfiguredError,
+    SlurmUnreachableError,
+)
 from air_hpc.slurm.cluster import PARTITION_ARGS, Partition, parse_partitions
 from air_hpc.slurm.controller import describe, refused_everywhere
 from air_hpc.slurm.jobs import (
@@ -54,6 +60,9 @@ UNREACHABLE_MARKERS = (
     "Zero Bytes were transmitted or received",
     "slurm_load_jobs error: Unable to contact",
 )
+
+#: Commands answered by slurmdbd, not slurmctld: one that cannot reach it says nothing about the controller.
+ACCOUNTING_COMMANDS = frozenset({"sacct", "sacctmgr"})
 
 #: stderr of a Slurm command that found no slurm.conf (nor a configless source): no cluster to ask, not a slow one.
 NO_CONFIG_MARKER = "Could not establish a configuration source"
@@ -201,6 +210,8 @@ class SlurmClient:
             unreachable = any(marker in stderr for marker in UNREACHABLE_MARKERS)
             if not unreachable:
                 raise SlurmError(f"{shlex.join(args)} failed (exit {result.returncode}): {stderr}")
+            if args[0] in ACCOUNTING_COMMANDS:  # slurmdbd, not slurmctld: the controller is not marked down
+                raise AccountingUnreachableError(f"Slurm accounting (slurmdbd) unreachable: {stderr.splitlines()[-1]}")
             left = deadline - time.monotonic()
             if attempt == attempts or left <= delay:
                 break
@@ -350,7 +361,7 @@ class SlurmClient:
         ]
         try:
             accounted = self.run(args, retry=retry).stdout
-        except SlurmUnreachableError:
+        except (SlurmUnreachableError, AccountingUnreachableError):
             raise
         except SlurmError as exc:
             log.warning("accounting unavailable (%s); deciding on the controller's queue alone", exc)

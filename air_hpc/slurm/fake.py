@@ -21,6 +21,12 @@ from air_hpc.slurm.jobs import JobState
 from air_hpc.slurm.nodes import scontrol_state_available
 
 UNREACHABLE = "{cmd}: error: Unable to contact slurm controller (connect failure)"
+#: What sacct 22.05 says when slurmdbd is not running (recorded on the testbed).
+ACCOUNTING_DOWN = (
+    "{cmd}: error: slurm_persist_conn_open_without_init: failed to open persistent connection to "
+    "host:127.0.0.1:13419: Connection refused\n{cmd}: error: Sending PersistInit msg: Connection refused\n"
+    "{cmd}: error: Problem talking to the database: Connection refused"
+)
 INVALID_JOB = "slurm_load_jobs error: Invalid job id specified"
 #: What slurmctld 22.05 answers ``sbatch --test-only`` when the nodes it needs are drained or down (or missing).
 NODES_UNAVAILABLE = "allocation failure: Requested node configuration is not available"
@@ -95,6 +101,8 @@ class FakeSlurm(SlurmClient):
         self.lose_sbatch_reply = False
         """sbatch queues the job, then times out before its answer arrives."""
         self.next_id = 100
+        self.accounting_up = True
+        """Whether slurmdbd answers (``sacct``, ``sacctmgr``); slurmctld may answer while it does not."""
         self.version_line = "slurm 25.05.8"
         """What ``scontrol --version`` prints."""
 
@@ -136,6 +144,8 @@ class FakeSlurm(SlurmClient):
         self.calls.append(args)
         if not self._reachable:
             return self._done(args, 1, err=UNREACHABLE.format(cmd=args[0]))
+        if not self.accounting_up and args[0] in ("sacct", "sacctmgr"):
+            return self._done(args, 1, err=ACCOUNTING_DOWN.format(cmd=args[0]))
         handler = {
             "sbatch": self._sbatch,
             "squeue": self._squeue,
