@@ -20,7 +20,7 @@ from air_hpc.observe.records import RunRecords, last_crash, load_records, stop_r
 from air_hpc.ops.states import trained_every_step
 from air_hpc.ops.waiting import poll_until
 from air_hpc.ownership.attempts import reconcile
-from air_hpc.ownership.local_job import cancel_local, local_job_status
+from air_hpc.ownership.local_job import CANCEL_GRACE_S, cancel_local, local_job_status
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import SubmissionRecord, latest_submission, record_cancel
 from air_hpc.slurm.client import SlurmClient
@@ -148,6 +148,8 @@ class CancelOutcome:
     """The job's state when cancel looked (a job that had ended: its end state); None when no one could say."""
     why_unknown: str = ""
     """Why the state is not known (accounting did not answer), for the message."""
+    detail: str = ""
+    """What was ended (a local job: processes stopped, and those killed after ignoring the stop)."""
 
     def to_json(self, run_dir: RunDir) -> dict[str, Any]:
         return {
@@ -156,12 +158,16 @@ class CancelOutcome:
             "executor": self.record.executor,
             "cancelled": self.cancelled,
             "state": self.state,
+            "detail": self.detail,
         }
 
     def message(self) -> str:
         job = f"job {self.record.job_id} ({self.record.executor})"
+        ended = f": {self.detail}" if self.detail else ""
         if self.cancelled:
-            return f"cancelled {job}, which was {self.state}"
+            return f"cancelled {job}, which was {self.state}{ended}"
+        if self.detail:
+            return f"could not end {job}{ended}"
         if self.state is None:
             return f"{job} is no longer queued or running ({self.why_unknown}); nothing to cancel"
         return f"{job} had already ended: {self.state}; nothing to cancel"
@@ -173,10 +179,11 @@ def cancel_run(run_dir: RunDir, client: SlurmClient) -> CancelOutcome:
     record = latest_submission(run_dir)
     if record.executor == "local":
         before = local_job_status(run_dir, record).state
-        if not cancel_local(record):
+        ended = cancel_local(record)
+        if ended is None:
             return CancelOutcome(record, False, str(before))
         record_cancel(run_dir, record.job_id)
-        return CancelOutcome(record, True, str(before))
+        return CancelOutcome(record, not ended.survivors, str(before), detail=ended.describe(CANCEL_GRACE_S))
     live = [r for r in client.squeue([record.job_id]) if r.job_id == record.job_id]
     if not live or live[0].state.terminal:
         return _ended(record, client, live[0].state if live else None)

@@ -9,8 +9,10 @@ start time differs from the recorded one now belongs to another process and is
 never signalled.
 """
 
+import contextlib
 import logging
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,12 +139,35 @@ def local_job_status(run_dir: RunDir, record: SubmissionRecord) -> JobStatus:
     return status(JobState.COMPLETED, exit_code=0)
 
 
-def cancel_local(record: SubmissionRecord) -> bool:
-    """SIGINT to the proven controller (it then stops its tasks); False when it already ended.
+#: Seconds a local job's processes get to stop after cancel's first signal, before each one left is killed.
+CANCEL_GRACE_S = 10.0
 
-    With a setup the recorded process is the ``sh -c`` that runs submitit's
-    controller: the controller itself (a child naming ``submitit.local._local``)
-    gets the signal, since a shell interrupted while waiting would leave it running.
+
+@dataclass(frozen=True)
+class LocalCancel:
+    """What cancelling a local job ended: processes that stopped on the first signal, those killed after the grace."""
+
+    stopped: int
+    killed: int
+    survivors: tuple[int, ...]
+    """PIDs still alive even after SIGKILL (stuck in the kernel); empty when the whole job ended."""
+
+    def describe(self, grace_s: float) -> str:
+        said = f"{self.stopped} process(es) stopped"
+        if self.killed:
+            said += f", {self.killed} killed after ignoring the stop for {grace_s:g} s"
+        if self.survivors:
+            said += f"; still alive after SIGKILL: PID(s) {', '.join(map(str, self.survivors))}"
+        return said
+
+
+def cancel_local(record: SubmissionRecord, grace_s: float = CANCEL_GRACE_S) -> LocalCancel | None:
+    """Stop the proven controller and every process under it; None when it had already ended.
+
+    SIGINT to the controller (it then stops its tasks); a process still alive ``grace_s``
+    later (a rank in submitit's bootstrap ignores SIGTERM) is killed. Every process is the
+    one seen at the start (psutil checks PID and start time before signalling), so a PID
+    reused meanwhile is never signalled.
     """
     if record.pid_started_s is None:
         raise UserError(
@@ -151,7 +176,52 @@ def cancel_local(record: SubmissionRecord) -> bool:
         )
     proc = controller(record)
     if proc is None:
-        return False
+        return None
+    family = [proc, *_descendants(proc)]
+    _first_signal(proc)
+    gone, alive = _wait_gone(family, grace_s)
+    stragglers = {p.pid: p for p in alive}
+    for p in alive:
+        stragglers.update((child.pid, child) for child in _descendants(p))
+    for p in stragglers.values():
+        log.warning("cancel: PID %d (%s) still running %g s after the stop; killing it", p.pid, p.name(), grace_s)
+        with contextlib.suppress(psutil.Error):  # ended meanwhile, or its PID is another process's now
+            p.kill()
+    _, left = _wait_gone(list(stragglers.values()), 5.0)
+    return LocalCancel(len(gone), len(stragglers) - len(left), tuple(p.pid for p in left))
+
+
+def _ended(proc: psutil.Process) -> bool:
+    try:
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+
+
+def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> tuple[list[psutil.Process], list[psutil.Process]]:
+    """The processes that ended within ``timeout_s`` and those still running; reaps none (a caller's child stays
+    its own to wait for)."""
+    deadline = time.monotonic() + timeout_s
+    while not all(_ended(p) for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = [p for p in procs if not _ended(p)]
+    return [p for p in procs if p not in alive], alive
+
+
+def _descendants(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return list(proc.children(recursive=True))
+    except psutil.Error:
+        return []
+
+
+def _first_signal(proc: psutil.Process) -> None:
+    """SIGINT to the controller (SIGTERM where it ignores SIGINT); with a setup, to the controller under its shell.
+
+    With a setup the recorded process is the ``sh -c`` that runs submitit's
+    controller: the controller itself (a child naming ``submitit.local._local``)
+    gets the signal, since a shell interrupted while waiting would leave it running.
+    """
     try:
         targets = [p for p in proc.children() if CONTROLLER_MODULE in " ".join(p.cmdline())] or [proc]
     except psutil.Error:
@@ -160,9 +230,9 @@ def cancel_local(record: SubmissionRecord) -> bool:
         # Started where SIGINT was ignored (nohup, a background job of a script), it would ignore this one too;
         # the controller forwards SIGTERM to its tasks instead.
         signum = signal.SIGTERM if ignores(target.pid, signal.SIGINT) else signal.SIGINT
-        log.info("cancel: %s to local controller %d (%s)", signum.name, target.pid, " ".join(target.cmdline()))
-        target.send_signal(signum)
-    return True
+        with contextlib.suppress(psutil.Error):
+            log.info("cancel: %s to local controller %d (%s)", signum.name, target.pid, " ".join(target.cmdline()))
+            target.send_signal(signum)
 
 
 def ignores(pid: int, signum: signal.Signals) -> bool:

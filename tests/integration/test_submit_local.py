@@ -85,6 +85,33 @@ def test_local_executor_runs_waits_and_reports(tmp_path: Path, small_corpus: Pat
     assert (done.run_dir / "submitit").is_dir() and RunDir(done.run_dir).job_json.is_file()
 
 
+def job_processes(run_dir: RunDir) -> list[psutil.Process]:
+    """Every process whose command line names the run directory (submitit's controller and ranks)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if any(str(run_dir.path) in part for part in proc.info["cmdline"] or ()):
+            found.append(proc)
+    return found
+
+
+def test_cancel_right_after_submit_ends_every_process_of_the_job(tmp_path: Path, small_corpus: Path) -> None:
+    """A cancel while the ranks are still in submitit's bootstrap: nothing of the job is left running."""
+    done = submit(local_job(tmp_path, "early-cancel", small_corpus), "local", FakeSlurm(), entry=Sleeps)
+    run_dir = RunDir(done.run_dir)
+    result = subprocess.run(
+        [sys.executable, "-m", "air_hpc", "cancel", str(run_dir.path)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0 and f"cancelled job {done.job_id} (local)" in result.stdout, result.stderr
+    assert "process(es) stopped" in result.stdout
+    left = [p for p in job_processes(run_dir) if p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"still running after cancel said it ended the job: {[(p.pid, p.cmdline()) for p in left]}"
+    assert run_status(run_dir, FakeSlurm()).job.state is JobState.CANCELLED
+    again = subprocess.run(
+        [sys.executable, "-m", "air_hpc", "cancel", str(run_dir.path)], capture_output=True, text=True, timeout=120
+    )
+    assert again.returncode == 0 and "had already ended: CANCELLED; nothing to cancel" in again.stdout
+
+
 def test_local_executor_failure_is_reported(tmp_path: Path, small_corpus: Path) -> None:
     done = submit(local_job(tmp_path, "fails", small_corpus), "local", FakeSlurm(), entry=Fails)
     with pytest.raises(TrainingFailed, match="failed"):

@@ -75,6 +75,7 @@ def test_status_and_cancel_by_name(
         "job_id": job_id,
         "run_dir": str(tmp_path / "runs" / "gpt-tiny-local"),
         "state": "RUNNING",
+        "detail": "",
     }
     assert ["scancel", job_id] in fake.calls
 

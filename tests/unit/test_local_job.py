@@ -1,5 +1,6 @@
 """Local-executor runs are followed through JSON records and a proven process: no pickle, no bare PID."""
 
+import contextlib
 import json
 import os
 import pickle
@@ -174,6 +175,42 @@ def test_the_proven_controller_is_running_then_cancelled(
     finally:
         proc.kill()
         proc.wait()
+
+
+#: A controller whose task ignores SIGINT and SIGTERM (a rank still in submitit's bootstrap): the controller
+#: dies on SIGINT and leaves the task behind.
+STUBBORN_TASK = """
+import signal, subprocess, sys, time
+task = (
+    "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "open('task-ready', 'w').close(); time.sleep(600)"
+)
+proc = subprocess.Popen([sys.executable, "-c", task])
+open("task.pid", "w").write(str(proc.pid))
+time.sleep(600)
+"""
+
+
+def test_cancel_kills_what_ignores_the_stop_and_says_what_it_ended(tmp_path: Path) -> None:
+    controller = subprocess.Popen([sys.executable, "-c", STUBBORN_TASK], cwd=tmp_path)
+    task: psutil.Process | None = None
+    try:
+        wait_for_file(tmp_path / "task-ready")
+        task = psutil.Process(int((tmp_path / "task.pid").read_text()))
+        run_dir = local_run(tmp_path, controller.pid, ProcessIdentity.of(controller.pid).started_s)
+        outcome = cancel_run(run_dir, FakeSlurm())
+        assert outcome.cancelled and outcome.state == "RUNNING"
+        assert outcome.detail == "1 process(es) stopped, 1 killed after ignoring the stop for 10 s"
+        assert controller.wait(timeout=10) in (1, -signal.SIGINT)
+        assert not task.is_running() or task.status() == psutil.STATUS_ZOMBIE
+        assert run_status(run_dir, FakeSlurm()).job.state is JobState.CANCELLED
+        again = cancel_run(run_dir, FakeSlurm())
+        assert (again.cancelled, again.state) == (False, "CANCELLED")
+    finally:
+        for proc in (controller, task):
+            with contextlib.suppress(psutil.Error, ProcessLookupError, AttributeError):
+                proc.kill()  # type: ignore[union-attr]
+        controller.wait()
 
 
 def wait_for_file(path: Path, timeout_s: float = 30) -> None:
