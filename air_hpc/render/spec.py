@@ -27,7 +27,7 @@ class SbatchSpec:
     directives: tuple[Directive, ...]
     """What the job asks of Slurm, the ``#SBATCH`` lines (:mod:`air_hpc.render.directives`)."""
     nodes: int
-    """Training nodes, without the spares: the step's ``srun --nodes``."""
+    """Training nodes, without the spares: the hosts of the step's rank order (``SLURM_HOSTFILE``)."""
     tasks_per_node: int
     cpus_per_task: int
     signal: SignalName

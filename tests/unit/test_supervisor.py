@@ -109,7 +109,7 @@ def test_spares_are_allocated_beside_the_placed_nodes_and_run_under_the_supervis
     assert set(planned.request.rank_hosts) == {"n3", "n4"}
     script = planned.script
     assert "#SBATCH --nodes=3\n" in script and "#SBATCH --no-kill\n" in script
-    assert "-m air_hpc.runtime.supervisor" in script and "srun --nodes=2 --ntasks=4 --distribution=arbitrary" in script
+    assert "-m air_hpc.runtime.supervisor" in script and "srun --ntasks=4 --distribution=arbitrary" in script
 
 
 @pytest.mark.parametrize("with_topology", [True, False])
