@@ -269,8 +269,9 @@ def test_a_stop_signal_to_the_whole_batch_step_as_the_supervisor_starts_requeues
         os.killpg(proc.pid, signal.Signals[f"SIG{stop_signal}"])
         _, err = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     assert proc.returncode == ExitCode.REQUEUE, err
     assert b"a stop was requested before the supervisor was armed" in err
     assert not ran.exists()
@@ -314,8 +315,9 @@ def run_signalled(
         send(proc.pid)
         _, err = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     return proc, err
 
 
