@@ -58,13 +58,7 @@ def open_fd(path: Path, flags: int, mode: int = 0o644) -> int:
 def append_bytes(path: Path, data: bytes, *, durable: bool = False) -> None:
     """Append ``data`` with one ``write`` (O_APPEND keeps concurrent lines whole); ``durable``: fsync first."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = open_fd(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    try:
-        os.write(fd, data)
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
+    _write_and_close(open_fd(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), data, durable)
 
 
 def open_append(path: Path) -> TextIOWrapper:
@@ -80,13 +74,18 @@ def create_new(path: Path, data: bytes = b"", *, durable: bool = False) -> bool:
         fd = open_fd(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     except FileExistsError:
         return False
+    _write_and_close(fd, data, durable)
+    return True
+
+
+def _write_and_close(fd: int, data: bytes, durable: bool) -> None:
+    """One ``write`` of ``data``, fsynced when ``durable``; the descriptor is closed however it ends."""
     try:
         os.write(fd, data)
         if durable:
             os.fsync(fd)
     finally:
         os.close(fd)
-    return True
 
 
 def touch(path: Path) -> None:

@@ -253,25 +253,14 @@ def test_a_stop_signal_to_the_whole_batch_step_as_the_supervisor_starts_requeues
     """Slurm delivers --signal=B:SIG to every process of the batch step: the supervisor, still starting, ignores
     it (it would die of it: a crash, no save) and finds the stop the shell recorded once it handles signals."""
     ran = tmp_path / "step-ran"
-    script = write_script(tmp_path, ["touch", str(ran)], None, f"resilience.signal={stop_signal}")
-    proc = subprocess.Popen(
-        ["bash", str(script)],
-        env=environ(tmp_path, stubs, None),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
+    proc, err = run_signalled(
+        tmp_path,
+        stubs,
+        ["touch", str(ran)],
+        supervisor_started,
+        lambda pid: os.killpg(pid, signal.Signals[f"SIG{stop_signal}"]),
+        f"resilience.signal={stop_signal}",
     )
-    try:
-        deadline = time.monotonic() + 30
-        while not supervisor_started(proc.pid):
-            assert time.monotonic() < deadline and proc.poll() is None, "the supervisor never started"
-            time.sleep(0.005)
-        os.killpg(proc.pid, signal.Signals[f"SIG{stop_signal}"])
-        _, err = proc.communicate(timeout=60)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
     assert proc.returncode == ExitCode.REQUEUE, err
     assert b"a stop was requested before the supervisor was armed" in err
     assert not ran.exists()
@@ -296,10 +285,11 @@ def helper_starting(pid: int) -> bool:
 
 
 def run_signalled(
-    tmp_path: Path, stubs: Path, step: list[str], when: Any, send: Any
+    tmp_path: Path, stubs: Path, step: list[str], when: Any, send: Any, *extra: str
 ) -> tuple[subprocess.Popen[bytes], bytes]:
-    """Run the script, ``send(pid)`` once ``when(pid)`` holds; returns the process, ended, and its stderr."""
-    script = write_script(tmp_path, step)
+    """Run the script (``extra``: job overrides), ``send(pid)`` once ``when(pid)`` holds; returns the process,
+    ended, and its stderr."""
+    script = write_script(tmp_path, step, None, *extra)
     proc = subprocess.Popen(
         ["bash", str(script)],
         env=environ(tmp_path, stubs, None),
