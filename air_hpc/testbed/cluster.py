@@ -259,6 +259,9 @@ class Testbed:
         lay = self.layout
         fabric = fat_tree(leaves)
         nodes = list(fabric.nodes)
+        too_deep = conf.step_socket_overflow(lay, nodes)
+        if too_deep:
+            raise TestbedError(too_deep)
         for directory in (lay.etc, lay.run, lay.log, lay.spool, lay.ctld_state, lay.munge_dir):
             directory.mkdir(parents=True, exist_ok=True)
         lay.root.chmod(0o755)

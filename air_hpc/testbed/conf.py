@@ -121,6 +121,26 @@ class Layout:
         return self.run / f"{daemon}.pid"
 
 
+#: A Unix socket path holds at most 107 bytes (sun_path is 108 with its NUL).
+UNIX_PATH_MAX = 107
+#: The longest name slurmd gives a step's socket in a node's spool: ``<node>_<job id>.<step id>``, the job id
+#: at most 8 digits (MaxJobId 67043328) and the batch step's id 4294967291.
+_STEP_SOCKET = "{node}_99999999.4294967291"
+
+
+def step_socket_overflow(layout: Layout, nodes: Sequence[str]) -> str | None:
+    """Why ``layout`` is too deep for slurmd's step sockets (a job would fail to launch and be held), or None."""
+    node = max(nodes, key=len)
+    longest = str(layout.spool / node / _STEP_SOCKET.format(node=node))
+    if len(longest) <= UNIX_PATH_MAX:
+        return None
+    room = len(str(layout.root)) - (len(longest) - UNIX_PATH_MAX)
+    return (
+        f"testbed state dir {layout.root} is too long for slurmd's step sockets ({longest!r} is {len(longest)} "
+        f"bytes, a Unix socket path holds {UNIX_PATH_MAX}); use a --state-dir of at most {room} characters"
+    )
+
+
 def loopback_controller(cluster: str, ctld_host: str, ctld_port: int) -> dict[str, str]:
     """What every slurm.conf we write shares: a controller (and its slurmds) on loopback only, run as root.
 

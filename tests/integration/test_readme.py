@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -57,12 +58,21 @@ def section(output: str, command: str) -> str:
 
 
 def test_the_readme_block_runs_in_order_on_a_fresh_copy(tmp_path: Path) -> None:
+    # The state dir's depth bounds slurmd's step socket paths (108 bytes): keep it short, as a home is.
+    state = Path(tempfile.mkdtemp(prefix="air-readme-", dir="/tmp"))
+    try:
+        run_readme_block(tmp_path, state)
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def run_readme_block(tmp_path: Path, state: Path) -> None:
     copy = tmp_path / "clone"
     fresh_copy(copy)
     blocks = readme_blocks((copy / "README.md").read_text())
     assert len(blocks) == 1 and "air-hpc testbed up" in blocks[0] and "air-hpc testbed down" in blocks[0]
     env = {k: v for k, v in os.environ.items() if k not in ("SLURM_CONF", "AIR_HPC_RUNS_ROOT", "VIRTUAL_ENV")}
-    env.update(XDG_STATE_HOME=str(tmp_path / "state"), PYTHONPATH=str(copy))
+    env.update(XDG_STATE_HOME=str(state), PYTHONPATH=str(copy))
     script = "set -euxo pipefail\n" + blocks[0]
     try:
         done = subprocess.run(
@@ -81,7 +91,7 @@ def test_the_readme_block_runs_in_order_on_a_fresh_copy(tmp_path: Path) -> None:
                 "testbed",
                 "down",
                 "--state-dir",
-                str(tmp_path / "state" / "air-hpc" / "testbed"),
+                str(state / "air-hpc" / "testbed"),
             ],
             capture_output=True,
             timeout=300,

@@ -167,3 +167,16 @@ def test_negative_grace_on_the_command_line_is_one_line_exit_2(
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "--preempt-grace-s" in err and "-1" in err and "Traceback" not in err
+
+
+def test_a_state_dir_too_deep_for_slurmds_step_sockets_is_refused_with_the_room_there_is(tmp_path: Path) -> None:
+    """A deep state dir left the README's job 'launch failed requeued held' (slurmd: socket path 113 > 108)."""
+    assert conf.step_socket_overflow(conf.Layout(Path("/tmp/air-hpc-test-abcdef")), ["n1", "n8"]) is None
+    deep = conf.Layout(Path("/tmp/pytest-of-root/pytest-224/test_the_readme_block_runs_in_0/state/air-hpc/testbed"))
+    why = conf.step_socket_overflow(deep, ["n1", "n12"])
+    assert why is not None
+    assert why.startswith(f"testbed state dir {deep.root} is too long for slurmd's step sockets")
+    room = int(why.rsplit("at most ", 1)[1].split()[0])
+    fits = conf.Layout(Path("/" + "d" * (room - 1)))
+    assert conf.step_socket_overflow(fits, ["n1", "n12"]) is None
+    assert conf.step_socket_overflow(conf.Layout(Path("/" + "d" * room)), ["n1", "n12"]) is not None
