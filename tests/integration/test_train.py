@@ -88,7 +88,7 @@ def test_tp2_pp2_learns_and_logs_every_line_with_its_rank(reference: tuple[RunDi
         for err in (run_dir.path.parent / "submitit" / run_dir.path.name).glob(f"*_{rank}_log.err")
         if "Transformer Engine and Apex are not installed" in err.read_text()
     ]
-    assert warned == [0]
+    assert warned == [], "on CPU hardware no rank prints Megatron's Transformer Engine/Apex warning (kept at -v)"
     saved = [e for e in read_events(run_dir.events) if e["kind"] == "checkpoint_saved"]
     assert [(e["step"], e["reason"]) for e in saved] == [(4, "interval"), (STEPS, "final")]
 
