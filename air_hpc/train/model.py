@@ -38,6 +38,7 @@ class Model:
 
 
 def transformer_config(job: JobConfig) -> Any:
+    """Megatron's config for this job; fusions only where their kernels exist on this machine."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     m, p = job.model, job.parallel
@@ -62,7 +63,9 @@ def transformer_config(job: JobConfig) -> Any:
         perform_initialization=True,
         gradient_accumulation_fusion=False,
         bias_activation_fusion=not on_cpu,
-        masked_softmax_fusion=not on_cpu,
+        # The local spec's fused softmax imports Apex's `scaled_masked_softmax_cuda` at its first bf16
+        # step (a ModuleNotFoundError on a CUDA machine without Apex, seen on an H200).
+        masked_softmax_fusion=not on_cpu and _has_module("scaled_masked_softmax_cuda"),
         bias_dropout_fusion=not on_cpu,
         apply_rope_fusion=False,
         # gloo pairs sends and receives to one peer by posting order, unlike NCCL's grouped calls:
@@ -71,10 +74,14 @@ def transformer_config(job: JobConfig) -> Any:
     )
 
 
+def _has_module(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
 def _layer_spec(job: JobConfig) -> Any:
     from megatron.core.models.gpt import gpt_layer_specs
 
-    if job.hardware.device == "cuda" and importlib.util.find_spec("transformer_engine") is not None:
+    if job.hardware.device == "cuda" and _has_module("transformer_engine"):
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
     return gpt_layer_specs.get_gpt_layer_local_spec()
 
