@@ -1,7 +1,8 @@
 """Megatron-core GPT, wrapped in Megatron DDP, with Megatron's optimizer and LR schedule.
 
-One model chunk per virtual pipeline stage. The local layer spec runs on CPU;
-on GPU the Transformer Engine spec is used when Transformer Engine is installed.
+One model chunk per virtual pipeline stage. The local layer spec runs on CPU; on GPU the
+Transformer Engine spec is used when Transformer Engine is installed, else the local spec with
+PyTorch's fused attention (:mod:`air_hpc.backend.sdpa_attention`).
 """
 
 import importlib.util
@@ -83,7 +84,12 @@ def _layer_spec(job: JobConfig) -> Any:
 
     if job.hardware.device == "cuda" and _has_module("transformer_engine"):
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
-    return gpt_layer_specs.get_gpt_layer_local_spec()
+    spec = gpt_layer_specs.get_gpt_layer_local_spec()
+    if job.hardware.device == "cuda":
+        from air_hpc.backend.sdpa_attention import SdpaAttention
+
+        spec.submodules.self_attention.submodules.core_attention = SdpaAttention
+    return spec
 
 
 def build(job: JobConfig, ctx: ParallelContext) -> Model:
