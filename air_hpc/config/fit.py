@@ -26,14 +26,14 @@ def partition_fit(job: JobConfig, part: Partition) -> list[Misfit]:
     found: list[Misfit] = []
     r, hw = job.resources, job.hardware
     name = f"partition {part.name}"
-    cpus = r.tasks_per_node * r.cpus_per_task
+    cpus = r.tasks_per_node * job.cpus_per_task
     mem_mb = (r.mem_gb or 0) * 1024
     gpus = hw.gpus_per_node if hw.device == "cuda" else 0
     if part.max_cpus_per_node is not None and cpus > part.max_cpus_per_node:
         found.append(
             Misfit(
                 "resources.cpus_per_task",
-                f"tasks_per_node {r.tasks_per_node} x cpus_per_task {r.cpus_per_task} = {cpus} CPUs per node; "
+                f"tasks_per_node {r.tasks_per_node} x cpus_per_task {job.cpus_per_task} = {cpus} CPUs per node; "
                 f"{name}'s largest node has {part.max_cpus_per_node}",
             )
         )

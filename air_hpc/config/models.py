@@ -97,7 +97,9 @@ class ModelConfig(Section):
 class ResourcesConfig(Section):
     nodes: int = Field(ge=1, description="Nodes to allocate (the single source of truth for the node count).")
     tasks_per_node: int = Field(ge=1, description="Ranks per node (one per GPU on GPU nodes).")
-    cpus_per_task: int = Field(1, ge=1, description="CPU cores per rank (--cpus-per-task).")
+    cpus_per_task: int | None = Field(
+        None, ge=1, description="CPU cores per rank (--cpus-per-task); unset: the node's cores over tasks_per_node."
+    )
     mem_gb: int | None = Field(None, ge=1, description="Memory per node in GiB (--mem); unset: Slurm's default.")
     time_limit_min: int = Field(60, ge=1, description="Wall-clock limit in minutes (--time).")
     allow_idle_gpus: bool = Field(
@@ -298,6 +300,13 @@ class JobConfig(Section):
         if self.train.precision != "auto":
             return self.train.precision
         return "bf16" if self.hardware.device == "cuda" else "fp32"
+
+    @property
+    def cpus_per_task(self) -> int:
+        """Each rank's share of the node's cores unless set: data loading and NCCL's proxy threads need them."""
+        if self.resources.cpus_per_task is not None:
+            return self.resources.cpus_per_task
+        return max(1, self.hardware.cpus_per_node // self.resources.tasks_per_node)
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> "JobConfig":

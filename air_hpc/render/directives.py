@@ -88,7 +88,7 @@ def slurm_directives(job: JobConfig, request: NodeRequest | None = None) -> tupl
         Directive("nodes", str(res.nodes + res.spare_nodes), "resources.nodes"),
         Directive("ntasks-per-node", str(res.tasks_per_node), "resources.tasks_per_node"),
         *_optional("gpus-per-node", gpus, "hardware.gpus_per_node"),
-        Directive("cpus-per-task", str(res.cpus_per_task), "resources.cpus_per_task"),
+        Directive("cpus-per-task", str(job.cpus_per_task), "resources.cpus_per_task"),
         *_optional("mem", f"{res.mem_gb}G" if res.mem_gb else None, "resources.mem_gb"),
         Directive("time", slurm_duration(res.time_limit_min), "resources.time_limit_min"),
         *([Directive("exclusive", None, "cluster.exclusive")] if cluster.exclusive else []),

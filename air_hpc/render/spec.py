@@ -85,7 +85,7 @@ def job_environment(job: JobConfig) -> dict[str, str]:
         if job.parallel.tp > 1:
             # Megatron's TP communication overlap needs kernels queued in issue order.
             env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
-    env["OMP_NUM_THREADS"] = str(job.resources.cpus_per_task)
+    env["OMP_NUM_THREADS"] = str(job.cpus_per_task)
     env.update(job.env)
     for name, value in env.items():
         check_env_name(name, f"env.{name}")
@@ -145,7 +145,7 @@ def build_spec(
         directives=slurm_directives(job, request),
         nodes=res.nodes,
         tasks_per_node=res.tasks_per_node,
-        cpus_per_task=res.cpus_per_task,
+        cpus_per_task=job.cpus_per_task,
         signal=job.resilience.signal,
         max_restarts=job.resilience.max_restarts,
         step_command=command,

@@ -13,6 +13,7 @@ import pytest
 from air_hpc.config import JobConfig, load_job
 from air_hpc.errors import ConfigError
 from air_hpc.render import NodeRequest, build_spec, job_environment, render_script
+from air_hpc.render.directives import slurm_directives
 from air_hpc.render.quoting import sbatch_value, shell_quote
 
 REPO = Path(__file__).resolve().parents[2]
@@ -233,6 +234,17 @@ def test_env_from_gpu_profile() -> None:
 def test_no_cuda_max_connections_without_tp() -> None:
     env = job_environment(h100("parallel.tp=1", "parallel.pp=2"))
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in env
+
+
+def test_cpus_per_task_is_the_nodes_cores_over_its_ranks_unless_set() -> None:
+    """112 cores over 8 ranks on an H100 node, not 1 core for a rank that feeds a GPU (issue 24 item 10)."""
+    derived = h100()
+    assert derived.resources.cpus_per_task is None
+    assert derived.cpus_per_task == 14
+    directives = slurm_directives(derived, None)
+    assert [d.value for d in directives if d.option == "cpus-per-task"] == ["14"]
+    assert h100("resources.cpus_per_task=6").cpus_per_task == 6
+    assert load_job(TESTBED_JOB, FIXED).cpus_per_task == 1  # 2 cores over 2 ranks
 
 
 def test_cpu_profile_sets_no_nccl() -> None:

@@ -23,8 +23,15 @@ from air_hpc.slurm.survey import probe_cluster
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "slurm"
 TESTBED_JOB = REPO / "configs" / "jobs" / "gpt-tiny-testbed.yaml"
-#: gpt-tiny laid out for 8 GPUs per node: 2 nodes x 8 ranks, TP2 x PP2, DP4.
-GPU_JOB = ("hardware=h100-sxm", "resources.tasks_per_node=8", "train.global_batch_size=8", "train.micro_batch_size=1")
+#: gpt-tiny laid out for 8 GPUs per node: 2 nodes x 8 ranks, TP2 x PP2, DP4; the recorded GPU nodes
+#: have 16 cores, so two per rank (not the preset's 112 over 8).
+GPU_JOB = (
+    "hardware=h100-sxm",
+    "resources.tasks_per_node=8",
+    "resources.cpus_per_task=2",
+    "train.global_batch_size=8",
+    "train.micro_batch_size=1",
+)
 
 
 def recorded(kind: str, accounts: tuple[str, ...] = ("root",), conf_dir: Path | None = None) -> FakeClusterText:
@@ -389,7 +396,7 @@ def test_dry_run_of_a_gpu_job_on_a_cpu_partition_says_what_doctor_says(
     lines = str(refused.value).splitlines()
     doctor_words = "hardware h100-sxm uses 8 GPUs per node but partition batch has no GPU gres"
     assert f"hardware.gpus_per_node: {doctor_words} (sinfo %G shows none); pick a GPU partition" in lines
-    assert lines[0].startswith("resources.cpus_per_task: tasks_per_node 8 x cpus_per_task 1 = 8 CPUs per node")
+    assert lines[0].startswith("resources.cpus_per_task: tasks_per_node 8 x cpus_per_task 2 = 16 CPUs per node")
     assert lines[-1] == (
         "sbatch --test-only refused the job: Batch job submission failed: Invalid generic resource (gres) specification"
     )
