@@ -35,6 +35,8 @@ from air_hpc.slurm.client import SlurmClient
 log = logging.getLogger(__name__)
 
 TESTBED_CLUSTER = "testbed"
+#: Fault kinds that freeze a rank, which only a hang limit notices.
+HANG_KINDS = frozenset({"hang", "ckpt-hang"})
 #: How often the campaign asks Slurm whether the chaos copy ended (its steps are read far more often).
 JOB_STATE_EVERY_S = 1.0
 
@@ -83,13 +85,14 @@ def hang_limit(job: JobConfig) -> tuple[int, str]:
 def timeout_warning(job: JobConfig, kinds: Sequence[str], timeout_s: float) -> str:
     """Why a hang fault would outlast ``--timeout-s`` (the campaign would give up before the hang is detected);
     empty when it would not, or when no hang is scheduled."""
-    if "hang" not in kinds:
+    if not HANG_KINDS.intersection(kinds):
         return ""
     limit_s, key = hang_limit(job)
     if timeout_s > limit_s:
         return ""
     return (
-        f"--timeout-s {timeout_s:g} is not longer than the job's hang limit ({key} = {limit_s} s): the campaign "
+        f"--timeout-s {timeout_s:g} is not longer than the job's hang limit ({key} = {limit_s} s, in force until "
+        "a shorter one is learned from the run): the campaign "
         f"would give up on a hang before it is detected; give --timeout-s above {limit_s} (plus a requeue's "
         "time) or lower the limit with --set"
     )

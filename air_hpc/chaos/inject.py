@@ -18,6 +18,7 @@ from typing import Protocol
 import psutil
 
 from air_hpc.errors import AirHpcError, UserError
+from air_hpc.health.heartbeat import read_beats
 from air_hpc.records.rundir import RunDir
 from air_hpc.slurm import hostlist
 from air_hpc.slurm.client import SlurmClient
@@ -26,6 +27,9 @@ from air_hpc.slurm.env import SlurmEnv
 from air_hpc.testbed.conf import URGENT_PARTITION
 
 log = logging.getLogger(__name__)
+
+#: Heartbeat phases of a rank inside a save.
+SAVE_PHASES = frozenset({"save", "sync_save"})
 
 
 class InjectionError(AirHpcError):
@@ -186,6 +190,42 @@ def ckpt_kill(target: Target, timeout_s: float = 5.0, poll_s: float = 0.02) -> s
     return f"SIGKILL {_describe(rank)} during a save"
 
 
+def ckpt_hang(target: Target, timeout_s: float = 5.0, poll_s: float = 0.005) -> str:
+    """Freeze (SIGSTOP) a rank inside a save: its heartbeat names a save phase before and after the stop.
+
+    A phase change is always written to the beat file, so a file that still says a save once the rank is
+    stopped proves where it froze; a rank that left the save just before is continued and another save awaited.
+    Only beat files are read while waiting (a save's blocking part may last a few milliseconds); the job's
+    processes are listed once, and again when a beat names a process not in the list (a restart).
+    """
+    deadline = time.monotonic() + timeout_s
+    ranks = {r.rank: r for r in rank_processes(target.job_id)}
+    while time.monotonic() < deadline:
+        saving = _beats_saving(target.run_dir)
+        if any(ranks.get(rank) is None or ranks[rank].pid != pid for rank, (pid, _) in saving.items()):
+            ranks = {r.rank: r for r in rank_processes(target.job_id)}
+        candidates = sorted(r for r, (pid, _) in saving.items() if r in ranks and ranks[r].pid == pid)
+        if candidates:
+            rank = ranks[target.rng.choice(candidates)]
+            stop(target, rank)
+            now = _beats_saving(target.run_dir).get(rank.rank)
+            if now is not None and now[0] == rank.pid:
+                return f"SIGSTOP {_describe(rank)} during the save of step {now[1]}"
+            rank.signal(signal.SIGCONT)
+            target.stopped.remove(rank)
+        time.sleep(poll_s)
+    raise InjectionError(f"no rank was inside a save within {timeout_s:g} s")
+
+
+def _beats_saving(run_dir: RunDir) -> dict[int, tuple[int, int]]:
+    """Rank -> (PID, step) of each rank whose newest beat, in the newest start's directory, is a save."""
+    try:
+        newest = max((d for d in run_dir.heartbeat.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime)
+    except (OSError, ValueError):  # none yet, or one pruned while looked at
+        return {}
+    return {rank: (b.pid, b.step) for rank, b in read_beats(newest).items() if b.phase in SAVE_PHASES}
+
+
 def _saving(checkpoints: Path) -> bool:
     return checkpoints.is_dir() and any(p.name.startswith(".tmp-step_") for p in checkpoints.iterdir())
 
@@ -212,6 +252,7 @@ INJECTORS: dict[str, Callable[[Target], str]] = {
     "hang": hang,
     "straggler": straggler,
     "ckpt-kill": ckpt_kill,
+    "ckpt-hang": ckpt_hang,
 }
 
 

@@ -13,7 +13,16 @@ from dataclasses import dataclass
 from air_hpc.errors import UserError
 
 #: Every fault kind ``air-hpc chaos`` knows, in the order the docs list them.
-FAULT_KINDS: tuple[str, ...] = ("preempt", "slurm-preempt", "node-kill", "rank-kill", "hang", "straggler", "ckpt-kill")
+FAULT_KINDS: tuple[str, ...] = (
+    "preempt",
+    "slurm-preempt",
+    "node-kill",
+    "rank-kill",
+    "hang",
+    "straggler",
+    "ckpt-kill",
+    "ckpt-hang",
+)
 
 #: Kinds the job rides out without a restart (every other kind stops it and it resumes from a checkpoint).
 NO_RESTART_KINDS = frozenset({"straggler"})

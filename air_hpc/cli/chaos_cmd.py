@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from air_hpc.chaos.schedule import FAULT_KINDS
 from air_hpc.cli.options import echo_json, job_argument, json_option, set_option, state_dir_option
 from air_hpc.exitcodes import ExitCode
 
@@ -43,7 +44,7 @@ def sigterm_interrupts() -> Iterator[None]:
     "--faults",
     "faults_text",
     required=True,
-    help="Comma-separated fault kinds: preempt, slurm-preempt, node-kill, rank-kill, hang, straggler, ckpt-kill.",
+    help=f"Comma-separated fault kinds: {', '.join(FAULT_KINDS)}.",
 )
 @click.option("--count", type=int, required=True, help="How many faults to inject (kinds chosen and timed by --seed).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the fault schedule.")

@@ -214,6 +214,20 @@ class HealthConfig(Section):
     heartbeat_step_s: int = Field(300, ge=1, description="Max seconds without progress inside a step.")
     heartbeat_checkpoint_s: int = Field(900, ge=1, description="Max seconds without progress in a checkpoint.")
     watchdog: bool = Field(True, description="Run the hang watchdog in every rank (heartbeat_* limits).")
+    learn_limits: bool = Field(
+        True,
+        description="Learn each phase's hang limit from the run (setup, load, step, save): after a warm-up, "
+        "max(learned_limit_floor_s, learned_limit_factor x the learned_limit_percentile of its observed times), "
+        "kept across restarts in the run directory, never above the heartbeat_*_s values, which cap it.",
+    )
+    learned_limit_factor: float = Field(5.0, ge=1, description="Headroom of a learned limit over the percentile.")
+    learned_limit_percentile: float = Field(
+        99.0, gt=0, le=100, description="The high percentile of a phase's observed times that a limit is learned from."
+    )
+    learned_limit_floor_s: int = Field(30, ge=1, description="No learned limit is shorter than this.")
+    learned_limit_warmup_steps: int = Field(
+        5, ge=0, description="First steps of each start that keep the configured step limit and are not learned from."
+    )
     preflight: bool = Field(True, description="Run the pre-flight health check on each node before training.")
     min_free_disk_gb: float = Field(1.0, ge=0, description="Free space required in the checkpoint directory.")
     min_ib_rate_gbps: float = Field(

@@ -3,8 +3,10 @@
 ``with rank_guard(...) as heartbeat:`` runs the pre-flight check (raising
 :class:`~air_hpc.health.preflight.UnhealthyNodeError` on a bad node), then
 starts the heartbeat in phase ``setup`` and the watchdog thread; the training
-loop calls ``heartbeat.beat("step", step)`` at each step and
-``heartbeat.beat("checkpoint", step)`` around saves.
+loop calls ``heartbeat.beat("load")`` before it resumes, ``heartbeat.beat("step", step)``
+at each step and ``heartbeat.beat("save", step)`` (or ``sync_save``) at each save. The
+limits are learned from the run's phase times (``health.learning``) unless
+``health.learn_limits`` is off.
 """
 
 import logging
@@ -15,8 +17,9 @@ from contextlib import contextmanager
 from air_hpc.config.models import JobConfig
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.heartbeat import Heartbeat
+from air_hpc.health.learning import LearnedLimits
 from air_hpc.health.preflight import PEER_WAIT_S, enforce, run_preflight
-from air_hpc.health.watchdog import PhaseLimits, Watchdog
+from air_hpc.health.watchdog import Limits, PhaseLimits, Watchdog
 from air_hpc.records.events import EventLog, Start
 from air_hpc.records.generation import generation, generation_dir, write_exit_code
 from air_hpc.records.rundir import RunDir
@@ -46,8 +49,15 @@ def rank_guard(
         prune_generations(run_dir, keep=name)
     if job.health.preflight:
         enforce(run_preflight(job, host), run_dir, directory, rank, peer_wait_s)
-    limits = PhaseLimits.from_config(job.health)
-    heartbeat = Heartbeat(directory, rank, host, file_interval_s=heartbeat_file_interval_s(limits))
+    learned = LearnedLimits.for_rank(job.health, run_dir.phase_times, rank) if job.health.learn_limits else None
+    limits: Limits = learned or PhaseLimits.from_config(job.health)
+    heartbeat = Heartbeat(
+        directory,
+        rank,
+        host,
+        file_interval_s=heartbeat_file_interval_s(limits),
+        observer=learned.observe if learned is not None else None,
+    )
     watchdog = None
     if job.health.watchdog:
         watchdog = Watchdog(
@@ -64,9 +74,11 @@ def rank_guard(
     finally:
         if watchdog is not None:
             watchdog.stop()
+        if learned is not None:
+            learned.persist()
 
 
-def heartbeat_file_interval_s(limits: PhaseLimits) -> float:
+def heartbeat_file_interval_s(limits: Limits) -> float:
     """A quarter of the shortest limit, at most 30 s: files fresh enough for the supervisor's backstop."""
     return min(30.0, limits.shortest_s / 4)
 

@@ -1,4 +1,4 @@
-"""Per-rank heartbeats: what each rank is doing (setup / step / checkpoint) and since when.
+"""Per-rank heartbeats: what each rank is doing (setup / load / step / save / sync_save) and since when.
 
 Each rank owns one small JSON file under ``<run>/heartbeat/<generation>/``,
 replaced atomically on every beat (write + rename, no fsync: a beat is
@@ -6,7 +6,8 @@ worth nothing after a crash, and it must be cheap enough for every step).
 The generation directory (``records.generation``) keeps the files of one start of
 the job apart from those of the previous start. The watchdog of a rank keeps
 the last beat in memory, so checking it costs no file access; the files are
-read only to diagnose a hang and to show progress.
+read only to diagnose a hang and to show progress. Each beat ends a silent interval of the
+phase before it, which the heartbeat hands to its observer: the learned hang limits.
 """
 
 import json
@@ -25,8 +26,12 @@ from air_hpc.records.names import BEAT_GLOB
 
 log = logging.getLogger(__name__)
 
-Phase = Literal["setup", "step", "checkpoint", "done"]
+Phase = Literal["setup", "load", "step", "save", "sync_save", "done"]
+"""``load``: resuming from a checkpoint; ``save``: an async save's blocking part; ``sync_save``: a save that
+training waits for (final, on a stop, or with async saves off)."""
 PHASES: tuple[Phase, ...] = get_args(Phase)
+#: Phase names of beat files written before ``checkpoint`` was split into load and the two saves.
+LEGACY_PHASES: dict[str, Phase] = {"checkpoint": "save"}
 
 
 @dataclass(frozen=True)
@@ -60,12 +65,15 @@ class Heartbeat:
         host: str,
         clock: Callable[[], float] = time.time,
         file_interval_s: float = 0.0,
+        observer: Callable[[Phase, float], None] | None = None,
     ) -> None:
+        """``observer`` hears of every interval a beat ends: the phase and its seconds without a beat."""
         self.directory = directory
         self.rank = rank
         self.host = host
         self._clock = clock
         self._file_interval_s = file_interval_s
+        self._observer = observer
         self._file_lock = threading.Lock()  # the watchdog thread flushes too
         self._path = beat_path(directory, rank)
         self._tmp = self._path.with_name(f".{self._path.name}.tmp")
@@ -78,8 +86,11 @@ class Heartbeat:
         """Record progress: entering ``phase`` (or making progress in it) at ``step`` (unchanged when None)."""
         if phase not in PHASES:
             raise ValueError(f"heartbeat phase {phase!r} is not one of {', '.join(PHASES)}")
-        beat = Beat(self.rank, self.host, self.last.pid, phase, self.last.step if step is None else step, self._clock())
+        before = self.last
+        beat = Beat(self.rank, self.host, before.pid, phase, before.step if step is None else step, self._clock())
         self.last = beat
+        if self._observer is not None and before.phase != "done":
+            self._observer(before.phase, beat.time_s - before.time_s)
         if beat.phase != self._written.phase or beat.time_s - self._written.time_s >= self._file_interval_s:
             self._write(beat)
 
@@ -103,7 +114,7 @@ def read_beats(directory: Path) -> dict[int, Beat]:
     for path in sorted(directory.glob(BEAT_GLOB)):
         try:
             raw = json.loads(path.read_text())
-            phase = raw["phase"]
+            phase = LEGACY_PHASES.get(raw["phase"], raw["phase"])
             if phase not in PHASES:
                 raise ValueError(phase)
             beat = Beat(

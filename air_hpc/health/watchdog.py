@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol, cast
 
 import psutil
 
@@ -42,6 +42,7 @@ from air_hpc.config.models import HealthConfig
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.badnodes import append_bad_nodes
 from air_hpc.health.heartbeat import Beat, Heartbeat, Phase, read_beats
+from air_hpc.health.limits import LIMITED_PHASES, LimitedPhase, PhaseLimit
 from air_hpc.records.events import EventLog, Hang
 from air_hpc.records.files import atomic_write, open_append
 from air_hpc.records.generation import write_exit_code
@@ -56,9 +57,19 @@ WAITING_MARKERS: tuple[str, ...] = (
 )
 
 
+class Limits(Protocol):
+    """Each phase's limit and how it was derived: fixed (:class:`PhaseLimits`) or learned
+    (:class:`~air_hpc.health.learning.LearnedLimits`)."""
+
+    def limit(self, phase: str) -> PhaseLimit | None: ...
+
+    @property
+    def shortest_s(self) -> float: ...
+
+
 @dataclass(frozen=True)
 class PhaseLimits:
-    """Seconds a rank may stay in a phase without a new beat."""
+    """Fixed seconds a rank may stay in a phase without a new beat (the configured ones, never learned)."""
 
     setup_s: float
     step_s: float
@@ -68,25 +79,38 @@ class PhaseLimits:
     def from_config(cls, health: HealthConfig) -> "PhaseLimits":
         return cls(health.heartbeat_setup_s, health.heartbeat_step_s, health.heartbeat_checkpoint_s)
 
-    def limit_s(self, phase: Phase) -> float | None:
+    def limit_s(self, phase: str) -> float | None:
         """The limit of ``phase``; None for ``done`` (a finished rank cannot hang)."""
-        return {"setup": self.setup_s, "step": self.step_s, "checkpoint": self.checkpoint_s}.get(phase)
+        if phase == "done":
+            return None
+        return {"setup": self.setup_s, "step": self.step_s}.get(phase, self.checkpoint_s)
+
+    def limit(self, phase: str) -> PhaseLimit | None:
+        if phase not in LIMITED_PHASES:
+            return None
+        seconds = self.limit_s(phase) or 0.0
+        return PhaseLimit(cast(LimitedPhase, phase), seconds, "configured", seconds, 0, why_configured="fixed limits")
 
     @property
     def shortest_s(self) -> float:
         return min(self.setup_s, self.step_s, self.checkpoint_s)
 
 
-def overdue_s(beat: Beat, now_s: float, limits: PhaseLimits) -> float | None:
+def describe_limits(limits: Limits) -> str:
+    """Every phase's limit and its derivation, for the rank's log."""
+    return "; ".join(limit.describe() for phase in LIMITED_PHASES if (limit := limits.limit(phase)) is not None)
+
+
+def overdue_s(beat: Beat, now_s: float, limits: Limits) -> float | None:
     """Seconds past the phase's limit since ``beat``, or None while the rank is within it."""
-    limit = limits.limit_s(beat.phase)
+    limit = limits.limit(beat.phase)
     if limit is None:
         return None
-    late = now_s - beat.time_s - limit
+    late = now_s - beat.time_s - limit.limit_s
     return late if late > 0 else None
 
 
-def poll_interval_s(limits: PhaseLimits) -> float:
+def poll_interval_s(limits: Limits) -> float:
     """A tenth of the shortest limit, between 0.5 and 10 s: detection within ~1.1x the limit."""
     return min(10.0, max(0.5, limits.shortest_s / 10))
 
@@ -197,7 +221,7 @@ class Watchdog:
     def __init__(
         self,
         heartbeat: Heartbeat,
-        limits: PhaseLimits,
+        limits: Limits,
         *,
         world_size: int,
         log_path: Path,
@@ -222,13 +246,7 @@ class Watchdog:
 
     def start(self) -> "Watchdog":
         self._thread.start()
-        log.info(
-            "watchdog on: setup %gs, step %gs, checkpoint %gs without progress (poll %.1fs)",
-            self.limits.setup_s,
-            self.limits.step_s,
-            self.limits.checkpoint_s,
-            self.poll_s,
-        )
+        log.info("watchdog on (poll %.1fs): %s", self.poll_s, describe_limits(self.limits))
         return self
 
     def stop(self) -> None:
@@ -264,13 +282,15 @@ class Watchdog:
         silent_s = time.time() - beat.time_s
         frame = sys._current_frames().get(self._main.ident or -1)
         waiting, where = innermost_location(frame)
+        limit = self.limits.limit(beat.phase)
+        how = limit.describe() if limit is not None else "no limit"
         log.error(
-            "watchdog: rank %d made no progress in %s (step %d) for %.0f s (limit %g s); main thread at %s%s",
+            "watchdog: rank %d made no progress in %s (step %d) for %.0f s (%s); main thread at %s%s",
             beat.rank,
             beat.phase,
             beat.step,
             silent_s,
-            self.limits.limit_s(beat.phase) or 0,
+            how,
             where,
             " (waiting for other ranks)" if waiting else "",
         )
@@ -301,6 +321,8 @@ class Watchdog:
                     suspect_ranks=list(suspects.ranks),
                     suspect_nodes=list(suspects.hosts),
                     why=suspects.why,
+                    limit_s=None if limit is None else round(limit.limit_s, 3),
+                    limit=how,
                 )
             )
 

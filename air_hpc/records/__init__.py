@@ -11,6 +11,7 @@
 ``files``           every write in a run directory: appends, new files and atomic replaces that never
                     follow a symbolic link
 ``submissions``     ``submissions.jsonl``: attempts, submissions, starts, rank exits, cancels
+``phase_times``     ``phase_times.json``: the phase times seen so far, kept across starts (learned hang limits)
 ``generation``      one start's directory under ``heartbeat/``: its name, heartbeat paths, exit-code file
 ==================  ============================================================================
 """

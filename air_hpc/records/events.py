@@ -205,6 +205,10 @@ class Hang(Payload):
     suspect_ranks: list[int]
     suspect_nodes: list[str]
     why: str
+    limit_s: float | None = None
+    """The limit that fired (``health.limits``)."""
+    limit: str = ""
+    """Which limit fired and how it was derived: configured, or learned from the run's phase times."""
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ CHECKPOINTS = "checkpoints"
 OWNER = "owner.json"
 OWNER_LOCK = ".owner.lock"
 TENSORBOARD = "tensorboard"
+#: The phase times seen so far, from which the hang limits are learned (``records.phase_times``).
+PHASE_TIMES = "phase_times.json"
 #: A rank's log under logs/.
 RANK_LOG = "rank-{rank}.log"
 #: The rank order file the batch script writes for ``srun --distribution=arbitrary``.

@@ -19,6 +19,7 @@ status/logs/report) goes through :class:`RunDir`, so the layout lives here only:
       owner.json         the one job that may write here (taken at submit, checked by every rank)
       .owner.lock        flock held while the owner is checked and replaced
       tensorboard/       TensorBoard event files (observe.tensorboard)
+      phase_times.json   the setup, load, step and save times seen so far (the learned hang limits)
 """
 
 from dataclasses import dataclass
@@ -87,6 +88,10 @@ class RunDir:
     @property
     def tensorboard(self) -> Path:
         return self.path / names.TENSORBOARD
+
+    @property
+    def phase_times(self) -> Path:
+        return self.path / names.PHASE_TIMES
 
     @property
     def hostfile(self) -> Path:

@@ -144,6 +144,7 @@ class Checkpointer:
         async_blocker: str | None = None,
         async_wait_s: float = 600.0,
         allow_fresh_start: bool = False,
+        progress: Callable[[], None] | None = None,
     ) -> None:
         """``layout``: this run's TP/PP/DP layout, saved with each checkpoint and compared on resume.
 
@@ -154,6 +155,8 @@ class Checkpointer:
 
         ``async_wait_s``: the longest a save (or :meth:`wait`) waits for the previous async save's writers.
         ``allow_fresh_start``: start from scratch when checkpoints exist but none is usable.
+        ``progress``: called after each round of waiting in which every rank answered (the heartbeat: a slow
+        writer is :attr:`async_wait_s`'s to judge, a frozen rank stops the rounds and its watchdog's to judge).
         """
         self.store = store
         self.events = events
@@ -165,6 +168,7 @@ class Checkpointer:
         self.async_save = async_save and async_blocker is None
         self.async_wait_s = async_wait_s
         self.allow_fresh_start = allow_fresh_start
+        self._progress = progress
         self._trusted: set[int] = set()
         self._pending: _Pending | None = None
         self._results = self.format.results_queue()
@@ -301,6 +305,8 @@ class Checkpointer:
         """
         waited_from = time.monotonic()
         while self.comm.any_rank(pending.unreported(_WAIT_POLL_S)):
+            if self._progress is not None:
+                self._progress()
             if not self.comm.any_rank(time.monotonic() - waited_from > self.async_wait_s):
                 continue
             pending.stop_writer()

@@ -10,6 +10,7 @@ samples; the first run simply finds none. At each step boundary the ranks agree
 they save synchronously and return :attr:`ExitCode.REQUEUE`.
 """
 
+import functools
 import logging
 import math
 import socket
@@ -112,9 +113,10 @@ def train(
         verify=job.checkpoint.verify,
         async_wait_s=job.checkpoint.async_wait_s,
         allow_fresh_start=job.checkpoint.allow_fresh_start,
+        progress=None if heartbeat is None else functools.partial(_still_in_phase, heartbeat),
     )
     if heartbeat is not None:
-        heartbeat.beat("checkpoint", 0)
+        heartbeat.beat("load", 0)
     start = _resume(checkpoints, model)
     _mark(clock, "resume")
     loop = _StepLoop(job, run_dir, ctx, model, checkpoints, events, start, heartbeat, clock, stop)
@@ -265,7 +267,7 @@ class _StepLoop:
 
     def _save(self, step: int, sync: bool, reason: str, supersede: bool = False) -> None:
         if self.heartbeat is not None:
-            self.heartbeat.beat("checkpoint", step)
+            self.heartbeat.beat("sync_save" if sync or not self.checkpoints.async_save else "save", step)
         if self.board is not None:
             self.board.checkpoint(step, reason)
         training = self.model.state().at(consumed_samples=self.consumed)
@@ -289,6 +291,11 @@ def _straggler_watch(job: JobConfig, run_dir: RunDir, ctx: ParallelContext, even
         return None
     host = ctx.hostname or socket.gethostname()
     return StragglerWatch(job.health, ctx.rank, host, events, run_dir.bad_nodes, BusyMeter())
+
+
+def _still_in_phase(heartbeat: Heartbeat) -> None:
+    """Progress inside the current phase (a round of waiting for the writers that every rank answered)."""
+    heartbeat.beat(heartbeat.last.phase)
 
 
 def _mark(clock: StartupClock | None, phase: str) -> None:

@@ -36,6 +36,7 @@ def first_match(lines: list[str], pattern: re.Pattern[str]) -> re.Match[str] | N
 def test_sigterm_continues_the_frozen_rank_and_cancels_both_copies(testbed: Any, tmp_path: Path) -> None:
     # The watchdog must not end the hang before the SIGTERM does, on a loaded machine either.
     sets = [*overrides_for(tmp_path), "health.heartbeat_step_s=200", "health.heartbeat_checkpoint_s=220"]
+    sets.append("health.learn_limits=false")  # nor a limit learned from its short run
     args = ["chaos", str(REPO / "configs/jobs/gpt-tiny-testbed.yaml"), "--faults", "hang", "--count", "1"]
     args += ["--seed", "1", "--timeout-s", "400", *(a for s in sets for a in ("--set", s))]
     # Where a default testbed would go: somewhere this test cleans up, should the rule fail.

@@ -7,6 +7,7 @@ final weights must equal the untouched copy's bit for bit.
 """
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,16 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 
-def overrides_for(tmp_path: Path) -> list[str]:
+def overrides_for(tmp_path: Path, health_defaults: bool = False) -> list[str]:
+    """The campaign's job: short, checkpointing often; ``health_defaults``: the shipped hang limits, else short
+    ones (without a learned limit a frozen rank is then still noticed in seconds, in a step or in a save)."""
     corpus = tmp_path / "corpus.h5"
     data.prepare(data.project_sources(), corpus, data.ByteTokenizer())
+    short_limits = [
+        "health.heartbeat_step_s=15",
+        "health.heartbeat_checkpoint_s=20",
+        "checkpoint.async_wait_s=10",
+    ]
     return [
         f"run.root={tmp_path / 'runs'}",
         f"data.path={corpus}",
@@ -36,20 +44,29 @@ def overrides_for(tmp_path: Path) -> list[str]:
         "checkpoint.interval_steps=3",
         "checkpoint.keep_last=10",
         "health.preflight=false",
-        # The frozen rank is noticed in seconds, not minutes, whether it froze in a step or in a save.
-        "health.heartbeat_step_s=15",
-        "health.heartbeat_checkpoint_s=20",
-        "checkpoint.async_wait_s=10",
+        *([] if health_defaults else short_limits),
     ]
 
 
 class Campaign:
     """One ``air-hpc chaos --json`` run; every check prints the campaign's whole answer when it fails."""
 
-    def __init__(self, testbed: Any, tmp_path: Path, run_main: RunMain, faults: str, count: int, seed: int) -> None:
+    def __init__(
+        self,
+        testbed: Any,
+        tmp_path: Path,
+        run_main: RunMain,
+        faults: str,
+        count: int,
+        seed: int,
+        overrides: Sequence[str] = (),
+        defaults: bool = False,
+    ) -> None:
+        """``overrides`` follow the campaign's own; ``defaults``: the shipped health limits."""
         args = ["chaos", str(REPO / "configs/jobs/gpt-tiny-testbed.yaml"), "--faults", faults, "--count", str(count)]
         args += ["--seed", str(seed), "--state-dir", str(testbed.state_dir), "--json", "--timeout-s", "400"]
-        self.code, out, self.err = run_main([*args, *(a for o in overrides_for(tmp_path) for a in ("--set", o))])
+        sets = [*overrides_for(tmp_path, health_defaults=defaults), *overrides]
+        self.code, out, self.err = run_main([*args, *(a for o in sets for a in ("--set", o))])
         self.result: dict[str, Any] = json.loads(out)
 
     def check(self, condition: bool) -> None:

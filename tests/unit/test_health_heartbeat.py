@@ -48,10 +48,10 @@ def test_beats_are_written_and_read_back(tmp_path: Path) -> None:
     hb = Heartbeat(tmp_path / "hb", rank=3, host="n4", clock=clock)
     assert (hb.last.phase, hb.last.step, hb.last.time_s) == ("setup", 0, 10.0)
     hb.beat("step", 7)
-    hb.beat("checkpoint")
+    hb.beat("save")
     beats = read_beats(tmp_path / "hb")
     assert list(beats) == [3]
-    assert (beats[3].phase, beats[3].step, beats[3].time_s, beats[3].host) == ("checkpoint", 7, 12.5, "n4")
+    assert (beats[3].phase, beats[3].step, beats[3].time_s, beats[3].host) == ("save", 7, 12.5, "n4")
     assert beats[3] == hb.last
     with pytest.raises(ValueError, match="heartbeat phase 'nap'"):
         hb.beat("nap")  # type: ignore[arg-type]
@@ -72,8 +72,8 @@ def test_beat_files_are_throttled_but_phase_changes_always_written(tmp_path: Pat
     assert on_file() == ("step", 1) and hb.last.step == 3
     hb.beat("step", 4)
     assert on_file() == ("step", 4)
-    hb.beat("checkpoint")
-    assert on_file() == ("checkpoint", 4)
+    hb.beat("save")
+    assert on_file() == ("save", 4)
     hb.flush()
     assert read_beats(tmp_path)[0] == hb.last
 
@@ -97,7 +97,8 @@ def test_limits_per_phase() -> None:
     assert limits == LIMITS
     assert overdue_s(beat(0, phase="step"), 109.0, LIMITS) is None
     assert overdue_s(beat(0, phase="step"), 112.0, LIMITS) == pytest.approx(2.0)
-    assert overdue_s(beat(0, phase="checkpoint"), 112.0, LIMITS) is None
+    assert overdue_s(beat(0, phase="save"), 112.0, LIMITS) is None
+    assert overdue_s(beat(0, phase="load"), 131.0, LIMITS) == pytest.approx(1.0)
     assert overdue_s(beat(0, phase="setup"), 165.0, LIMITS) == pytest.approx(5.0)
     assert overdue_s(beat(0, phase="done"), 1e9, LIMITS) is None
     assert poll_interval_s(LIMITS) == 1.0
