@@ -315,5 +315,7 @@ def run_campaign(
         comparison=compare_runs(run_dir, reference_dir, chaos_job.train.steps),
         goodput=mine.goodput if mine else None,
         reference_goodput=theirs.goodput if theirs else None,
+        wall_s=round(mine.wall_s, 3) if mine else None,
+        reference_wall_s=round(theirs.wall_s, 3) if theirs else None,
     )
     return result, injections, run_dir, reference_dir

@@ -83,13 +83,14 @@ def main() -> None:
     result = campaign(args.state_dir, runs.resolve(), args.faults, args.count, args.seed, steps)
     if "error" in result:
         raise SystemExit(f"bench: {result['error']}")
-    print(f"{'#':>2} {'kind':<13} {'detected':>9} {'resumed':>9} {'lost':>4}  target")
+    print(f"{'#':>2} {'kind':<13} {'detected':>9} {'resumed':>9} {'steps':>5} {'lost':>8}  target")
     for f in result["faults"]:
         if f["skipped"]:
             print(f"{f['number']:>2} {f['kind']:<13} skipped: {f['skipped']}")
             continue
-        detected, resumed = (_seconds(f[key]) for key in ("detected_after_s", "resumed_after_s"))
-        print(f"{f['number']:>2} {f['kind']:<13} {detected:>9} {resumed:>9} {f['steps_lost']:>4}  {f['target']}")
+        detected, resumed, lost = (_seconds(f[key]) for key in ("detected_after_s", "resumed_after_s", "seconds_lost"))
+        times = f"{detected:>9} {resumed:>9} {f['steps_lost']:>5} {lost:>8}"
+        print(f"{f['number']:>2} {f['kind']:<13} {times}  {f['target']}")
     by_kind: dict[str, list[float]] = defaultdict(list)
     for fault in result["faults"]:
         if fault["resumed_after_s"] is not None:
@@ -107,6 +108,8 @@ def main() -> None:
     goodput, reference = result["goodput"], result["reference_goodput"]
     if goodput and reference:
         print(f"goodput chaos / reference: {goodput / reference:.2f}")
+    print(f"lost {result['steps_lost']} step(s), {result['seconds_lost']:.1f}s; wall beyond the reference", end=" ")
+    print(_seconds(result["extra_wall_s"]))
     print(result["verdict"])
 
 

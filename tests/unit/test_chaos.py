@@ -152,6 +152,9 @@ def test_a_killed_rank_is_detected_resumed_and_its_steps_since_the_checkpoint_co
     outcome = fault_outcome(records, _injection(1, "rank-kill", 104.5), float("inf"))
     assert (outcome.detected_after_s, outcome.resumed_after_s) == (pytest.approx(0.4), pytest.approx(26.5))
     assert (outcome.resumed_from_step, outcome.steps_lost) == (3, 1)
+    # Step 5 would have ended at 105.0; it ended at 132.0: 26 s down (104.0 to the restart's first step at 130.0)
+    # and step 4 trained again.
+    assert outcome.seconds_lost == pytest.approx(27.0) and outcome.detected_by == "requeue"
 
 
 def test_a_resume_a_later_fault_trained_again_still_counts_as_recovered() -> None:
@@ -193,6 +196,46 @@ def test_a_straggler_needs_no_restart_and_a_skipped_fault_is_not_lost() -> None:
     assert (first.resumed_after_s, first.resumed_from_step, first.steps_lost) == (pytest.approx(6.5), None, 0)
     assert first.detected_after_s is None and not first.lost
     assert second.resumed_after_s is None and second.skipped == "gone" and not second.lost
+    assert second.seconds_lost == 0.0
+
+
+def test_a_straggler_loses_the_time_its_steps_took_beyond_the_typical_step() -> None:
+    rows = [{"step": s, "loss": 1.0, "step_time_s": t, "time": 100.0 + s * 2} for s, t in [(1, 1), (2, 1), (3, 1)]]
+    rows += [{"step": 4, "loss": 1.0, "step_time_s": 4.5, "time": 112.0}, {"step": 5, "loss": 1.0, "step_time_s": 2.0}]
+    records = RunRecords(parse_steps(rows), (), (), total_steps=10, tokens_per_step=1)
+    (fault,) = outcomes(records, [_injection(1, "straggler", 106.5, step=3)])
+    assert fault.seconds_lost == pytest.approx(3.5)  # step 4 took 4.5 s where 1 s is typical
+
+
+def test_a_preemption_that_saved_its_step_loses_only_the_downtime() -> None:
+    (fault,) = outcomes(PREEMPTED, [_injection(1, "preempt", 101.5)])
+    assert (fault.steps_lost, fault.resumed_from_step, fault.detected_by) == (0, 1, "signal")
+    assert fault.seconds_lost == pytest.approx(38.0)  # step 2 would have ended at 102.0, it ended at 140.0
+
+
+def test_a_fault_never_recovered_from_has_no_seconds_lost_and_a_hang_names_its_limit() -> None:
+    limit = "save limit 30 s, learned: max(floor 30 s, 5 x p99 0.2 s of 7 save samples), under the configured 900 s"
+    records = _records(TEN_STEPS[:5], [{"time": 140.0, "kind": "hang", "step": 6, "phase": "save", "limit": limit}])
+    (fault,) = outcomes(records, [_injection(1, "ckpt-hang", 105.5, step=5)])
+    assert fault.lost and fault.seconds_lost is None
+    assert fault.detected_after_s == pytest.approx(34.5) and fault.detected_by == f"hang: {limit}"
+    text = format_result(_result((fault,)))
+    assert f"   detected by hang: {limit}" in text
+
+
+def test_the_campaign_totals_its_losses_beside_the_reference() -> None:
+    first = fault_outcome(PREEMPTED, _injection(1, "preempt", 101.5), float("inf"))
+    second = outcomes(RESUMED_AT_THE_LAST_STEP, [_injection(2, "preempt", 109.5, step=9)])[0]
+    result = CampaignResult(2, (first, second), "COMPLETED", SAME, 0.5, 0.8, wall_s=100.0, reference_wall_s=60.0)
+    assert first.seconds_lost is not None and second.seconds_lost is not None
+    assert result.steps_lost == 0 and result.seconds_lost == pytest.approx(first.seconds_lost + second.seconds_lost)
+    data = result.to_json()
+    assert (data["steps_lost"], data["wall_s"], data["reference_wall_s"], data["extra_wall_s"]) == (0, 100, 60, 40)
+    faults = data["faults"]
+    assert isinstance(faults, list) and [f["seconds_lost"] for f in faults] == [first.seconds_lost, second.seconds_lost]
+    text = format_result(result)
+    assert f"lost         0 step(s), {result.seconds_lost:.1f}s in 2 fault(s); the run took 40.0s longer" in text
+    assert format_result(_result(())).count("the run took") == 0
 
 
 SAME = Comparison(True, True, (), "")
@@ -295,7 +338,7 @@ def test_the_report_names_each_skipped_fault_and_the_losses() -> None:
     )
     assert " 1 preempt" in text and " 2 hang          skipped: the run had trained its last step (2 of 2)" in text
     assert "losses       DIFFER\n  step 2: not logged" in text
-    assert "goodput      50.0% (reference 80.0%)" in text and "verdict      LOST: losses differ" in text
+    assert "goodput      50.0% (reference 80.0%, -30.0 points)" in text and "verdict      LOST: losses differ" in text
 
 
 @click.command()
