@@ -55,6 +55,13 @@ class SlurmNotConfiguredError(SlurmUnreachableError):
     exit_code = ExitCode.USAGE
 
 
+class JobRefusedError(SlurmError):
+    """sbatch refused the job for what it asks (an account, QOS or partition it may not use): the request is
+    wrong, not the cluster, so a mistake to fix (exit 2)."""
+
+    exit_code = ExitCode.USAGE
+
+
 class AccountingUnreachableError(SlurmError):
     """slurmdbd (``sacct``'s daemon) does not answer; slurmctld may well, so the queue can still be asked."""
 

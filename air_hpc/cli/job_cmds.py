@@ -12,6 +12,7 @@ import click
 from air_hpc.cli.options import echo_json, job_argument, json_option, run_argument, set_option, slurm_client
 from air_hpc.digits import ascii_int
 from air_hpc.errors import UserError
+from air_hpc.slurm.reasons import plain_reason, with_reason
 
 if TYPE_CHECKING:
     from air_hpc.launch.plan import Plan
@@ -192,8 +193,8 @@ def _wait_and_summarize(done: "Submission", client: "SlurmClient", as_json: bool
 def _summary(status: "RunStatus") -> str:
     lines = [
         f"run      {status.run_dir.path}",
-        f"job      {status.job.job_id} ({status.submission.executor}): {status.job.state}"
-        + (f" ({status.job.reason})" if status.job.reason else ""),
+        f"job      {status.job.job_id} ({status.submission.executor}): "
+        + with_reason(str(status.job.state), status.job.reason),
     ]
     if status.job.nodelist:
         lines.append(f"nodes    {status.job.nodelist} ({status.job.nodes})")
@@ -211,6 +212,18 @@ def _summary(status: "RunStatus") -> str:
     return "\n".join(lines)
 
 
+def _print_queue(client: "SlurmClient", as_json: bool) -> None:
+    """Your queued and running jobs; a pending one with Slurm's reason and its plain words."""
+    records = client.squeue(user=getpass.getuser())
+    if as_json:
+        keys = ("job_id", "state", "nodelist", "name", "reason")
+        echo_json([{**{k: str(getattr(r, k)) for k in keys}, "reason_text": plain_reason(r.reason)} for r in records])
+        return
+    for r in records:
+        why = f"  ({plain_reason(r.reason)})" if not r.nodelist and plain_reason(r.reason) != r.reason else ""
+        click.echo(f"{r.job_id:>8}  {r.state!s:<11} {r.nodes:>3}  {r.nodelist or r.reason:<16} {r.name}{why}")
+
+
 @click.command()
 @click.argument("target", required=False, metavar="[RUN_OR_JOB]")
 @click.option("--watch", is_flag=True, help="Follow the run until its job ends: a live panel, or a line per change.")
@@ -224,14 +237,7 @@ def status(target: str | None, watch: bool, as_json: bool) -> None:
     if watch and (target is None or as_json):
         raise UserError("--watch follows one run: give RUN, and no --json")
     if target is None:
-        records = client.squeue(user=getpass.getuser())
-        if as_json:
-            echo_json(
-                [{"job_id": r.job_id, "state": str(r.state), "nodelist": r.nodelist, "name": r.name} for r in records]
-            )
-        else:
-            for r in records:
-                click.echo(f"{r.job_id:>8}  {r.state!s:<11} {r.nodes:>3}  {r.nodelist or r.reason:<16} {r.name}")
+        _print_queue(client, as_json)
         return
     if ascii_int(target) is not None and not Path(target).exists() and not watch:
         job = client.job_status(target)
@@ -241,8 +247,8 @@ def status(target: str | None, watch: bool, as_json: bool) -> None:
             echo_json(job.to_json())
         else:
             click.echo(
-                f"job {job.job_id} ({job.name}): {job.state}, {job.nodes} node(s) {job.nodelist}, "
-                f"restarts {job.restarts}"
+                f"job {job.job_id} ({job.name}): {with_reason(str(job.state), job.reason)}, {job.nodes} node(s) "
+                f"{job.nodelist}, restarts {job.restarts}"
             )
         return
     run_dir = resolve_run(target)
@@ -411,16 +417,18 @@ def _runs_row(run_dir: "RunDir", client: "SlurmClient") -> "RunRow":
     from air_hpc.observe.overview import run_row, unreadable_row
     from air_hpc.ops.control import run_status
     from air_hpc.records.submissions import latest_submission
+    from air_hpc.slurm.jobs import JobState
 
-    state, job_id, restarts = "not submitted", None, None
+    state, job_id, restarts, reason = "not submitted", None, None, ""
     try:
         job_id = latest_submission(run_dir).job_id
         status = run_status(run_dir, client)
         state, restarts = str(status.job.state), status.restarts
+        reason = status.job.reason if status.job.state is JobState.PENDING else ""
     except AirHpcError as exc:
         state = state if job_id is None else "unknown"
         logging.getLogger(__name__).info("%s: %s", run_dir.path, exc)
     try:
-        return run_row(run_dir, state, job_id, restarts, time.time())
+        return run_row(run_dir, state, job_id, restarts, time.time(), reason)
     except AirHpcError as exc:
         return unreadable_row(run_dir, job_id, str(exc))

@@ -45,6 +45,20 @@ def testbed() -> None:
     help="Preemption sends the job's --signal instead of SIGTERM (SlurmctldParameters=preempt_send_user_signal).",
 )
 @click.option(
+    "--tenants",
+    is_flag=True,
+    help="Accounts research, product and ops (users, node quotas GrpTRES=node=N, fair shares) and QOS tiers "
+    "high, normal and scavenger in slurmdbd, enforced (AccountingStorageEnforce=associations,limits,qos), "
+    "with priority/multifactor.",
+)
+@click.option(
+    "--preempt-by",
+    type=click.Choice(["partition", "qos"]),
+    default=None,
+    help="What lets a job preempt another: its partition (urgent over batch) or its QOS (high over scavenger; "
+    "needs --tenants). [default: qos with --tenants, else partition]",
+)
+@click.option(
     "--slurm-prefix",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
@@ -56,15 +70,25 @@ def up(
     leaves: str,
     preempt_grace_s: int,
     preempt_send_user_signal: bool,
+    tenants: bool,
+    preempt_by: str | None,
     slurm_prefix: Path | None,
 ) -> None:
     """Start the testbed (safe to run twice) and wait until every node is idle.
 
     On a partly running testbed only the daemons that are down start again; running jobs are left alone.
 
-    Two partitions share the nodes: `batch` (the default) and `urgent`, whose jobs preempt `batch` jobs.
+    Two partitions share the nodes: `batch` (the default) and `urgent`, whose jobs preempt `batch` jobs
+    (with --preempt-by qos: jobs of QOS `high` preempt those of QOS `scavenger` instead).
     """
-    settings = Settings(preempt_grace_s=preempt_grace_s, preempt_send_user_signal=preempt_send_user_signal)
+    if preempt_by == "qos" and not tenants:
+        raise UserError("--preempt-by qos: preemption by QOS needs the QOS tiers of --tenants")
+    settings = Settings(
+        preempt_grace_s=preempt_grace_s,
+        preempt_send_user_signal=preempt_send_user_signal,
+        tenants=tenants,
+        preempt_by="qos" if preempt_by == "qos" or (preempt_by is None and tenants) else "partition",
+    )
     bed = Testbed(state_dir)
     status = bed.up(parse_leaves(leaves), settings=settings, slurm_prefix=slurm_prefix)
     _print_status(status)
@@ -116,3 +140,10 @@ def _print_status(info: dict[str, Any]) -> None:
     console.print(table)
     daemons = ", ".join(f"{name}={d['pid']}" for name, d in info["daemons"].items())
     console.print(f"daemons: {daemons}")
+    settings = info.get("settings", {})
+    if settings.get("tenants"):
+        from air_hpc.testbed.tenants import describe
+
+        console.print(f"preemption by {settings.get('preempt_by')}", highlight=False)
+        for line in describe(len(info["nodes"])):
+            console.print(line, highlight=False)

@@ -13,6 +13,7 @@ from air_hpc.observe.progress import format_duration
 from air_hpc.observe.records import load_records
 from air_hpc.observe.summary import RunSummary, blank_summary, summarize
 from air_hpc.records.rundir import RunDir
+from air_hpc.slurm.reasons import plain_reason, with_reason
 
 #: The state shown for a run whose own files cannot be read.
 UNREADABLE = "unreadable"
@@ -25,6 +26,8 @@ class RunRow:
     job_id: str | None
     problem: str | None = None
     """Why the run's records could not be read (its state is then ``unreadable``); None when they were."""
+    reason: str = ""
+    """Slurm's reason a pending job waits (``AssocGrpNodeLimit``), shown with its plain words."""
 
     def to_json(self) -> dict[str, object]:
         s = self.summary
@@ -32,6 +35,8 @@ class RunRow:
             "name": s.name,
             "path": s.path,
             "state": self.state,
+            "reason": self.reason,
+            "reason_text": plain_reason(self.reason),
             "job_id": self.job_id,
             "step": s.step,
             "total_steps": s.total_steps,
@@ -43,9 +48,11 @@ class RunRow:
         }
 
 
-def run_row(run_dir: RunDir, state: str, job_id: str | None, restarts: int | None, now_s: float) -> RunRow:
-    """The row of one run; restarts: the job status's count (None: not known)."""
-    return RunRow(summarize(run_dir, load_records(run_dir), restarts, now_s), state, job_id)
+def run_row(
+    run_dir: RunDir, state: str, job_id: str | None, restarts: int | None, now_s: float, reason: str = ""
+) -> RunRow:
+    """The row of one run; restarts: the job status's count (None: not known); reason: why a pending job waits."""
+    return RunRow(summarize(run_dir, load_records(run_dir), restarts, now_s), state, job_id, reason=reason)
 
 
 def unreadable_row(run_dir: RunDir, job_id: str | None, problem: str) -> RunRow:
@@ -63,7 +70,7 @@ def runs_table(rows: list[RunRow]) -> Table:
         step = "-" if s.step is None else f"{s.step}" + (f"/{s.total_steps}" if s.total_steps else "")
         table.add_row(
             s.name,
-            row.state,
+            with_reason(row.state, row.reason),
             step,
             "-" if s.loss is None else f"{s.loss:.4f}",
             str(s.restarts),

@@ -25,6 +25,7 @@ from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import SubmissionRecord, latest_submission, record_cancel
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.jobs import JobState, JobStatus, merge_status
+from air_hpc.slurm.reasons import with_reason
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -208,7 +209,7 @@ def live_view(status: RunStatus, now_s: float) -> LiveView:
     return LiveView(
         run=status.run_dir.path.name,
         job_id=status.job.job_id,
-        state=str(status.job.state) + (f" ({status.job.reason})" if status.job.reason else ""),
+        state=with_reason(str(status.job.state), status.job.reason),
         restarts=max(status.restarts, status.progress.restarts if status.progress else 0),
         progress=status.progress,
         last_event=last_event(load_records(status.run_dir), now_s),

@@ -23,6 +23,7 @@ from air_hpc.digits import ascii_int
 from air_hpc.errors import (
     AccountingUnreachableError,
     ConfigError,
+    JobRefusedError,
     SlurmError,
     SlurmNotConfiguredError,
     SlurmUnreachableError,
@@ -48,6 +49,7 @@ from air_hpc.slurm.jobs import (
     parse_test_only,
     slurm_epoch,
 )
+from air_hpc.slurm.reasons import refusal
 from air_hpc.slurm.version import SlurmVersion, parse_version
 
 log = logging.getLogger(__name__)
@@ -155,9 +157,12 @@ class SlurmClient:
         backoff_s: float = 1.0,
         deadline_s: float | None = None,
         bin_dir: Path | None = None,
+        run_as: str | None = None,
     ) -> None:
         """``bin_dir``: where Slurm's commands are (a build's ``PREFIX/bin``); it goes first on the commands'
-        ``PATH``, which both picks the executables and is what jobs submitted through this client inherit."""
+        ``PATH``, which both picks the executables and is what jobs submitted through this client inherit.
+        ``run_as``: run every command as this user (``runuser -u``; root only), so its jobs are that user's."""
+        self.run_as = run_as
         self.env = {**os.environ, **(env or {})}
         if bin_dir is not None:
             self.env["PATH"] = os.pathsep.join(filter(None, [str(bin_dir), self.env.get("PATH", "")]))
@@ -168,6 +173,10 @@ class SlurmClient:
         self._down_until = 0.0
         self._down_reason = ""
         """After the controller failed to answer, calls fail at once for one deadline (a submit's later steps)."""
+
+    def as_user(self, user: str) -> "SlurmClient":
+        """The same client, its commands run as ``user`` (root only): another user's jobs, on a testbed."""
+        return SlurmClient(self.env, self.timeout_s, self.retries, self.backoff_s, self.deadline_s, run_as=user)
 
     def controller_refused(self) -> str | None:
         """``host:port, ...`` when every controller address in slurm.conf refuses connections, else None."""
@@ -205,13 +214,7 @@ class SlurmClient:
             if result.returncode == 0 or not check:
                 return result
             stderr = result.stderr.strip()
-            if NO_CONFIG_MARKER in stderr:
-                raise SlurmNotConfiguredError(f"{no_configuration(self.env)} ({stderr.splitlines()[-1]})")
-            unreachable = any(marker in stderr for marker in UNREACHABLE_MARKERS)
-            if not unreachable:
-                raise SlurmError(f"{shlex.join(args)} failed (exit {result.returncode}): {stderr}")
-            if args[0] in ACCOUNTING_COMMANDS:  # slurmdbd, not slurmctld: the controller is not marked down
-                raise AccountingUnreachableError(f"Slurm accounting (slurmdbd) unreachable: {stderr.splitlines()[-1]}")
+            self._raise_unless_unanswered(args, result.returncode, stderr)
             left = deadline - time.monotonic()
             if attempt == attempts or left <= delay:
                 break
@@ -233,6 +236,18 @@ class SlurmClient:
         raise SlurmUnreachableError(
             f"Slurm controller unreachable: {args[0]} gave no answer within {deadline_s:g} s (${DEADLINE_ENV}): {last}"
         )
+
+    def _raise_unless_unanswered(self, args: Sequence[str], code: int, stderr: str) -> None:
+        """Raise what a failed command's stderr says went wrong, unless it is a controller that did not answer."""
+        if NO_CONFIG_MARKER in stderr:
+            raise SlurmNotConfiguredError(f"{no_configuration(self.env)} ({stderr.splitlines()[-1]})")
+        refused = refusal(stderr) if args[0] == "sbatch" else None
+        if refused is not None:
+            raise JobRefusedError(f"{refused} (`sacctmgr show assoc user=$USER` lists what you may use)")
+        if not any(marker in stderr for marker in UNREACHABLE_MARKERS):
+            raise SlurmError(f"{shlex.join(args)} failed (exit {code}): {stderr}")
+        if args[0] in ACCOUNTING_COMMANDS:  # slurmdbd, not slurmctld: the controller is not marked down
+            raise AccountingUnreachableError(f"Slurm accounting (slurmdbd) unreachable: {stderr.splitlines()[-1]}")
 
     def _refuse_early(self, args: Sequence[str], check: bool) -> None:
         """Fail before running ``args`` when the controller is known to be down."""
@@ -262,7 +277,7 @@ class SlurmClient:
             raise SlurmNotConfiguredError(no_configuration(self.env))
         try:
             proc = subprocess.Popen(
-                list(args),
+                ["runuser", "-u", self.run_as, "--", *args] if self.run_as else list(args),
                 stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

@@ -14,6 +14,7 @@ from enum import StrEnum
 
 from air_hpc.digits import ascii_int
 from air_hpc.errors import SlurmError
+from air_hpc.slurm.reasons import plain_reason
 from air_hpc.slurm.version import SlurmVersion
 
 
@@ -130,6 +131,7 @@ class JobStatus:
             "restarts": self.restarts,
             "source": self.source,
             "reason": self.reason,
+            "reason_text": plain_reason(self.reason),
             "elapsed": self.elapsed,
             "exit_code": self.exit_code,
         }

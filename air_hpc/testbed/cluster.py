@@ -8,6 +8,7 @@ the emulated node's name.
 """
 
 import contextlib
+import getpass
 import json
 import logging
 import os
@@ -26,7 +27,7 @@ from air_hpc.errors import SlurmError, TestbedError
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.nodes import fetch_sinfo_states
 from air_hpc.slurm.version import parse_version
-from air_hpc.testbed import conf
+from air_hpc.testbed import conf, tenants
 from air_hpc.testbed.conf import Layout, Ports, Settings
 from air_hpc.testbed.ports import free_ports
 from air_hpc.testbed.prefix import SlurmBuild, check_prefix, daemon_version
@@ -150,6 +151,8 @@ class Testbed:
             raise TestbedError(f"--leaves {','.join(map(str, leaves))}: expected node counts >= 1, e.g. 2,4,2")
         if settings.preempt_grace_s < 0:
             raise TestbedError(f"testbed.preempt_grace_s: {settings.preempt_grace_s} must be >= 0 seconds")
+        if settings.preempt_by == "qos" and not settings.tenants:
+            raise TestbedError("--preempt-by qos: preemption by QOS needs the QOS tiers of --tenants")
         state = self._read_state()
         if state and self._all_alive(state):
             self._check_same_shape(state, leaves, settings, build)
@@ -247,7 +250,7 @@ class Testbed:
             "slurm_conf": str(self.layout.slurm_conf),
             "topology_conf": str(self.layout.topology_conf),
             "leaves": state["leaves"],
-            "settings": state.get("settings", asdict(Settings())),
+            "settings": {**asdict(Settings()), **state.get("settings", {})},
             "ports": state["ports"],
             "daemons": daemons,
             "nodes": nodes,
@@ -288,6 +291,8 @@ class Testbed:
             for name in _start_order(nodes):
                 self._launch(state, name, ports, deadline)
             self._wait_nodes(state, deadline, in_service=False)
+            if settings.tenants:
+                tenants.apply(self.client(), len(nodes), getpass.getuser(), settings.preempt_grace_s)
         except BaseException:
             # Stop what this start began, without cancelling anything: a job slurmctld recovered stays queued.
             self._stop_daemons([Daemon(**d) for d in state["daemons"]], 30.0)
@@ -350,7 +355,7 @@ class Testbed:
                 f"{f'Slurm {running.version} from {running.prefix}' if running else 'the system Slurm'}; "
                 "run `air-hpc testbed down` first"
             )
-        if state.get("settings", asdict(Settings())) != asdict(settings):
+        if {**asdict(Settings()), **state.get("settings", {})} != asdict(settings):
             raise TestbedError(
                 f"testbed in {self.layout.root} is already up with settings {state.get('settings')}; "
                 "run `air-hpc testbed down` first"

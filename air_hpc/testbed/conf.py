@@ -7,6 +7,7 @@ serves both the testbed's cluster (:func:`slurm_conf`) and the CLOUD-node contro
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from air_hpc.runtime.rendezvous import MASTER_PORT_SPAN
 from air_hpc.slurm import hostlist
@@ -33,6 +34,28 @@ class Settings:
     preempted job and its kill."""
     preempt_send_user_signal: bool = False
     """``testbed.preempt_send_user_signal``: Slurm sends a preempted job its ``--signal`` instead of SIGTERM."""
+    tenants: bool = False
+    """``testbed.tenants``: accounts, users, QOS tiers, node quotas and fair-share in slurmdbd, enforced
+    (:mod:`air_hpc.testbed.tenants`)."""
+    preempt_by: Literal["partition", "qos"] = "partition"
+    """``testbed.preempt_by``: what lets a job preempt another: its partition's PriorityTier (``urgent`` over
+    ``batch``, ``preempt/partition_prio``) or its QOS (``high`` over ``scavenger``, ``preempt/qos``; needs tenants)."""
+
+
+#: What a testbed with tenants adds to slurm.conf: accounts, limits and QOS enforced, and priority from
+#: fair-share, QOS and age (the decay half-life short enough that minutes of testbed usage count).
+TENANT_SETTINGS = {
+    "AccountingStorageEnforce": "associations,limits,qos",
+    "PriorityType": "priority/multifactor",
+    "PriorityWeightFairshare": "10000",
+    "PriorityWeightQOS": "100000",
+    "PriorityWeightAge": "1000",
+    "PriorityWeightJobSize": "0",
+    "PriorityWeightPartition": "0",
+    "PriorityDecayHalfLife": "00:10:00",
+    "PriorityCalcPeriod": "1",
+    "PriorityMaxAge": "00:10:00",
+}
 
 
 @dataclass(frozen=True)
@@ -210,10 +233,7 @@ def slurm_conf(
         "SchedulerParameters": "sched_interval=2,bf_interval=2",
         "SlurmdParameters": "config_overrides",
         "JobRequeue": "1",
-        # A job in `urgent` preempts jobs in `batch`: SIGCONT+SIGTERM, GraceTime, kill, and Slurm requeues it.
-        "PreemptType": "preempt/partition_prio",
-        "PreemptMode": "REQUEUE",
-        **({"SlurmctldParameters": "preempt_send_user_signal"} if settings.preempt_send_user_signal else {}),
+        **preemption(settings),
         "MinJobAge": "300",
         "KillWait": "5",
         "UnkillableStepTimeout": "30",
@@ -226,6 +246,7 @@ def slurm_conf(
         "AccountingStoragePort": str(ports.slurmdbd),
         "AccountingStoragePass": str(layout.munge_socket),
         "MailProg": "/bin/true",
+        **(TENANT_SETTINGS if settings.tenants else {}),
     }
     lines = [
         f"NodeName={name} NodeHostname={ctld_host} NodeAddr=127.0.0.1 Port={port} "
@@ -240,6 +261,16 @@ def slurm_conf(
         f"PartitionName={URGENT_PARTITION} Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF"
     )
     return render_slurm_conf(values, lines, TESTBED_CONF_HEADER)
+
+
+def preemption(settings: Settings) -> dict[str, str]:
+    """A job in `urgent` preempts jobs in `batch` (or, preempting by QOS, `high` preempts `scavenger`):
+    SIGCONT+SIGTERM (or the job's --signal), GraceTime, kill, and Slurm requeues it."""
+    return {
+        "PreemptType": f"preempt/{'qos' if settings.preempt_by == 'qos' else 'partition_prio'}",
+        "PreemptMode": "REQUEUE",
+        **({"SlurmctldParameters": "preempt_send_user_signal"} if settings.preempt_send_user_signal else {}),
+    }
 
 
 def cloud_slurm_conf(

@@ -79,7 +79,7 @@ def test_off_a_terminal_one_plain_line_per_change(tmp_path: Path) -> None:
     assert final.job.state is JobState.COMPLETED
     lines = out.getvalue().splitlines()
     assert [line.split(",")[0] for line in lines] == [
-        f"gpt-tiny-local job {job_id}: PENDING (Priority)",
+        f"gpt-tiny-local job {job_id}: PENDING (Priority: waiting for jobs of higher priority to start first)",
         f"gpt-tiny-local job {job_id}: RUNNING",
         f"gpt-tiny-local job {job_id}: COMPLETED",
     ]
