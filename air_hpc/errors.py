@@ -68,6 +68,19 @@ class AccountingUnreachableError(SlurmError):
     exit_code = ExitCode.UNREACHABLE
 
 
+class SlurmCommandMissing(SlurmError):
+    """A Slurm command is not installed (not on ``PATH``)."""
+
+
+class AccountingMissingError(SlurmError):
+    """What a report built on Slurm's accounting needs is missing: ``sacct``, or a slurmdbd that answers.
+
+    Said in one line and a setup to fix (exit 2), not an outage to wait out.
+    """
+
+    exit_code = ExitCode.USAGE
+
+
 class TrainingFailed(AirHpcError):
     """A submitted job ended without completing."""
 

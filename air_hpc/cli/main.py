@@ -38,6 +38,7 @@ COMMANDS: dict[str, str] = {
     "cluster": "air_hpc.cli.cluster_cmds:cluster",
     "metrics": "air_hpc.cli.metrics_cmd:metrics",
     "chaos": "air_hpc.cli.chaos_cmd:chaos",
+    "fleet": "air_hpc.cli.fleet_cmd:fleet",
 }
 
 

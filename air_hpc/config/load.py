@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from types import UnionType
-from typing import Any, Union, get_args, get_origin
+from typing import Any, TypeVar, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from air_hpc.config.models import JobConfig
+from air_hpc.config.models import ClusterConfig, HardwareConfig, JobConfig, ModelConfig
 from air_hpc.config.rules import Problem, RulesBroken
 from air_hpc.errors import ConfigError
 
@@ -288,6 +288,33 @@ def _fields_at(model: type[BaseModel], loc: list[str]) -> list[str]:
             return []
         model = nested[0]
     return list(model.model_fields)
+
+
+Profile = TypeVar("Profile", ClusterConfig, HardwareConfig, ModelConfig)
+
+
+def load_profile(kind: str, ref: str, model: type[Profile]) -> Profile:
+    """One profile on its own (``cluster``, ``hardware``, ``model``): a YAML file, or a shipped preset's name,
+    validated like the section it fills, with errors naming the file and line."""
+    subdir = PROFILE_KINDS[kind]
+    path = Path(ref).expanduser()
+    if not path.is_file():
+        preset = PRESETS_DIR / subdir / f"{ref}.yaml"
+        if Path(ref).name != ref or not preset.is_file():
+            known = sorted(p.stem for p in (PRESETS_DIR / subdir).glob("*.yaml"))
+            raise ConfigError(
+                f"{ref}: no such file, nor a shipped {kind} profile{_suggest(ref, known)} (shipped: {', '.join(known)})"
+            )
+        path = preset
+    source = Source()
+    data = read_yaml(path, source, prefix=f"{kind}.")
+    data.setdefault("name", path.stem)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first: dict[str, Any] = dict(exc.errors()[0])
+        first["loc"] = (kind, *first["loc"])
+        raise ConfigError(_describe(first, source, path)) from None
 
 
 def validate_json(path: Path) -> JobConfig:

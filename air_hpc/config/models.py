@@ -62,6 +62,19 @@ class ClusterConfig(Section):
         None,
         description="Python interpreter on the compute nodes; unset: the one running air-hpc (shared filesystem).",
     )
+    usd_per_node_hour: float | None = Field(
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="Price of one node-hour on this cluster, for `air-hpc fleet report`'s cost (wins over the "
+        "hardware's; a job holding GPUs is priced by usd_per_gpu_hour when one is known).",
+    )
+    usd_per_gpu_hour: float | None = Field(
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="Price of one GPU-hour on this cluster, for `air-hpc fleet report` (wins over the hardware's).",
+    )
 
 
 class HardwareConfig(Section):
@@ -78,7 +91,18 @@ class HardwareConfig(Section):
         default_factory=dict, description="NCCL/IB environment defaults for this hardware."
     )
     usd_per_gpu_hour: float | None = Field(
-        None, ge=0, description="Price of one GPU-hour, for the cost lines of `air-hpc report` (unset: no cost)."
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="Price of one GPU-hour, for the cost lines of `air-hpc report` and `air-hpc fleet report` "
+        "(unset: no cost).",
+    )
+    usd_per_node_hour: float | None = Field(
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description="Price of one node-hour of this hardware, for `air-hpc fleet report` (jobs without GPUs, or "
+        "no GPU-hour price).",
     )
 
 

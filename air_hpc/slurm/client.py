@@ -21,13 +21,16 @@ from pathlib import Path
 
 from air_hpc.digits import ascii_int
 from air_hpc.errors import (
+    AccountingMissingError,
     AccountingUnreachableError,
     ConfigError,
     JobRefusedError,
+    SlurmCommandMissing,
     SlurmError,
     SlurmNotConfiguredError,
     SlurmUnreachableError,
 )
+from air_hpc.slurm.accounting import FLEET_FIELDS, Accounting, iter_lines, parse_accounting
 from air_hpc.slurm.cluster import PARTITION_ARGS, Partition, parse_partitions
 from air_hpc.slurm.controller import describe, refused_everywhere
 from air_hpc.slurm.jobs import (
@@ -62,6 +65,9 @@ UNREACHABLE_MARKERS = (
     "Zero Bytes were transmitted or received",
     "slurm_load_jobs error: Unable to contact",
 )
+
+#: sacct's answer on a cluster without accounting (AccountingStorageType=accounting_storage/none).
+ACCOUNTING_DISABLED_MARKER = "accounting storage is disabled"
 
 #: Commands answered by slurmdbd, not slurmctld: one that cannot reach it says nothing about the controller.
 ACCOUNTING_COMMANDS = frozenset({"sacct", "sacctmgr"})
@@ -285,7 +291,9 @@ class SlurmClient:
                 env=self.env,
             )
         except FileNotFoundError:
-            raise SlurmError(f"{args[0]}: command not found; install Slurm's client tools (slurm-client)") from None
+            raise SlurmCommandMissing(
+                f"{args[0]}: command not found; install Slurm's client tools (slurm-client)"
+            ) from None
         with proc:
             return self._answer(proc, args, input_text, timeout_s, probe_slow)
 
@@ -495,3 +503,55 @@ class SlurmClient:
         self.run(
             ["scontrol", "update", f"jobid={job_id}", *(f"{key}={value}" for key, value in fields.items())], retry=retry
         )
+
+    def accounting(
+        self, since_s: float, until_s: float, accounts: Sequence[str] = (), *, retry: RetryPolicy = PATIENT
+    ) -> Accounting:
+        """Every job record of the window, ours or not, each requeued run its own (``sacct -a -X -P --duplicates``).
+
+        No ``sacct``, accounting switched off, or a slurmdbd that does not answer: :class:`AccountingMissingError`.
+        """
+        args = [
+            "sacct",
+            "--allusers",
+            "--allocations",
+            "--parsable2",
+            "--noheader",
+            "--duplicates",
+            f"--starttime={slurm_time(since_s)}",
+            f"--endtime={slurm_time(until_s)}",
+            f"--format={','.join(FLEET_FIELDS)}",
+        ]
+        if accounts:
+            args.append(f"--accounts={','.join(accounts)}")
+        try:
+            result = self.run(args, retry=retry)
+        except SlurmCommandMissing:
+            raise AccountingMissingError(
+                "sacct not found: install Slurm's client tools (slurm-client) on this host"
+            ) from None
+        except AccountingUnreachableError as exc:
+            raise AccountingMissingError(f"{exc}; start slurmdbd or point SLURM_CONF at a cluster with one") from None
+        except SlurmError as exc:
+            if ACCOUNTING_DISABLED_MARKER not in str(exc):
+                raise
+            raise AccountingMissingError(
+                "no Slurm accounting: the cluster has no slurmdbd (AccountingStorageType is none), "
+                "so sacct knows no jobs"
+            ) from None
+        return parse_accounting(iter_lines(result.stdout))
+
+    def account_names(self, *, retry: RetryPolicy = PATIENT) -> tuple[str, ...]:
+        """Every account slurmdbd knows (``sacctmgr show account``)."""
+        out = self.run(["sacctmgr", "--noheader", "--parsable2", "show", "account", "format=Account"], retry=retry)
+        return tuple(dict.fromkeys(line.strip() for line in out.stdout.splitlines() if line.strip()))
+
+    def qos_names(self, *, retry: RetryPolicy = PATIENT) -> tuple[str, ...]:
+        """Every QOS slurmdbd knows (``sacctmgr show qos``)."""
+        out = self.run(["sacctmgr", "--noheader", "--parsable2", "show", "qos", "format=Name"], retry=retry)
+        return tuple(dict.fromkeys(line.strip() for line in out.stdout.splitlines() if line.strip()))
+
+
+def slurm_time(epoch_s: float) -> str:
+    """Epoch seconds as the local ``YYYY-MM-DDTHH:MM:SS`` Slurm's commands read."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(epoch_s))
