@@ -1,13 +1,22 @@
 """``air-hpc fleet``: many tenants on one cluster, from Slurm's accounting joined with our runs' records."""
 
+import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from air_hpc.cli.options import echo_json, json_option, slurm_client
+
+if TYPE_CHECKING:
+    from air_hpc.fleet.report import FleetReport
+    from air_hpc.fleet.slo import Attainment
+    from air_hpc.slurm.client import SlurmClient
+
+log = logging.getLogger(__name__)
 
 
 @click.group()
@@ -41,8 +50,17 @@ def _window_options(func: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--cluster", default=None, help="Cluster profile (name or YAML file) with usd_per_node_hour/_gpu_hour.")
 @click.option("--hardware", default=None, help="Hardware preset (name or YAML file) whose prices apply otherwise.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), help="Also write this PNG.")
+@click.option(
+    "--slo",
+    "slo_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Targets per tenant or QOS (configs/slo.yaml): attainment, error budget left, worst jobs; exit 1 if one "
+    "is missed.",
+)
 @json_option
+@click.pass_context
 def report(
+    ctx: click.Context,
     since: str | None,
     until: str | None,
     accounts: tuple[str, ...],
@@ -50,33 +68,124 @@ def report(
     cluster: str | None,
     hardware: str | None,
     plot_path: Path | None,
+    slo_path: Path | None,
     as_json: bool,
 ) -> None:
     """Per tenant and QOS: jobs, node- and GPU-hours, queue waits, preemptions, requeues, failures by kind,
     goodput (scheduling x runtime x program) with badput by cause, and cost, over a window of sacct's records."""
     from air_hpc.errors import UserError
-    from air_hpc.fleet.collect import collect
-    from air_hpc.fleet.prices import prices_of
-    from air_hpc.fleet.render import report_json, report_view
-    from air_hpc.fleet.window import parse_window
-    from air_hpc.ops.runs import runs_root
+    from air_hpc.fleet.render import report_json, report_view, slo_json, slo_view
+    from air_hpc.fleet.slo import all_met
 
     if plot_path is not None and plot_path.suffix.lower() != ".png":
         raise UserError(f"--plot {plot_path}: expected a .png file name")
-    window = parse_window(since, until, time.time())
-    prices = prices_of(cluster, hardware)
-    result = collect(slurm_client(), window, accounts, roots or (runs_root(),), prices)
+    client = slurm_client()
+    result, slo = _report_and_slo(client, since, until, accounts, roots, cluster, hardware, slo_path)
     if plot_path is not None and not result.empty:
         from air_hpc.fleet.plot import plot_fleet
 
         plot_fleet(result, plot_path)
-    priced = prices.usd_per_node_hour is not None or prices.usd_per_gpu_hour is not None
     if as_json:
-        echo_json(report_json(result))
-        return
-    from rich.console import Console
+        echo_json(report_json(result, slo_json(slo, result)))
+    else:
+        from rich.console import Console
 
-    console = Console()
-    (console if console.is_terminal else Console(width=200)).print(report_view(result, priced))
-    if plot_path is not None:
-        click.echo(f"plot: {plot_path}" if not result.empty else f"plot: none written to {plot_path} (no jobs)")
+        console = Console()
+        out = console if console.is_terminal else Console(width=200)
+        out.print(report_view(result, result.priced))
+        if slo_path is not None:
+            out.print(slo_view(slo, result))
+        if plot_path is not None:
+            click.echo(f"plot: {plot_path}" if not result.empty else f"plot: none written to {plot_path} (no jobs)")
+    if not all_met(slo):
+        ctx.exit(1)
+
+
+def _report_and_slo(
+    client: "SlurmClient",
+    since: str | None,
+    until: str | None,
+    accounts: Sequence[str],
+    roots: Sequence[Path],
+    cluster: str | None,
+    hardware: str | None,
+    slo_path: Path | None,
+) -> tuple["FleetReport", list["Attainment"]]:
+    """The window's report and, with an SLO file (read first, so a typo costs no sacct call), its attainment."""
+    from air_hpc.errors import SlurmError
+    from air_hpc.fleet.collect import collect
+    from air_hpc.fleet.prices import prices_of
+    from air_hpc.fleet.slo import check_names, evaluate, load_slo
+    from air_hpc.fleet.window import parse_window
+    from air_hpc.ops.runs import runs_root
+
+    slo = load_slo(slo_path) if slo_path is not None else None
+    window = parse_window(since, until, time.time())
+    result = collect(client, window, accounts, roots or (runs_root(),), prices_of(cluster, hardware))
+    if slo is None:
+        return result, []
+    try:
+        tenants, qos = client.account_names(), client.qos_names()
+    except SlurmError as exc:  # sacct answered, so this is rare: judge by the names the window holds
+        log.warning("cannot list Slurm's accounts and QOS (%s); checking the SLO file against the window's", exc)
+        tenants, qos = tuple(t.key for t in result.tenants), tuple(q.key for q in result.qos)
+    check_names(slo, tenants, qos)
+    return result, evaluate(slo, result)
+
+
+@fleet.command()
+@click.option("--since", default=None, help="Trailing window of every scrape [default: 1d]: 36h, 7d, 2w, ...")
+@click.option("--account", "accounts", multiple=True, help="Only this tenant (Slurm account); repeatable.")
+@click.option(
+    "--root", "roots", multiple=True, type=click.Path(file_okay=False, path_type=Path),
+    help="Directory holding our run directories (repeatable) [default: $AIR_HPC_RUNS_ROOT, else ./runs].",
+)  # fmt: skip
+@click.option("--cluster", default=None, help="Cluster profile (name or YAML file) with prices.")
+@click.option("--hardware", default=None, help="Hardware preset (name or YAML file) whose prices apply otherwise.")
+@click.option("--slo", "slo_path", type=click.Path(dir_okay=False, path_type=Path), help="Also export attainment.")
+@click.option(
+    "--textfile",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the gauges to this *.prom file (atomically) for node_exporter's textfile collector, then exit.",
+)
+@click.option("--serve", "port", type=click.IntRange(0, 65535), help="Serve /metrics on 127.0.0.1:PORT until Ctrl-C.")
+def metrics(
+    since: str | None,
+    accounts: tuple[str, ...],
+    roots: tuple[Path, ...],
+    cluster: str | None,
+    hardware: str | None,
+    slo_path: Path | None,
+    textfile: Path | None,
+    port: int | None,
+) -> None:
+    """Per-tenant and per-QOS gauges of the fleet report (trailing window) in Prometheus's text format; served on
+    loopback only (put a proxy with authentication in front to reach it from elsewhere)."""
+    from air_hpc.errors import UserError
+    from air_hpc.fleet.prometheus import families, registry_of
+    from air_hpc.observe.prometheus import serve, write_textfile
+
+    if (textfile is None) == (port is None):
+        raise UserError("give one of --textfile OUT.prom or --serve PORT")
+    if textfile is not None and textfile.suffix != ".prom":
+        raise UserError(f"--textfile {textfile}: node_exporter's textfile collector reads only *.prom files")
+    client = slurm_client()
+
+    def build() -> tuple["FleetReport", list["Attainment"]]:
+        return _report_and_slo(client, since, None, accounts, roots, cluster, hardware, slo_path)
+
+    if textfile is not None:
+        report, slo = build()  # a missing sacct or a bad SLO file fails here, in one line, not in the file
+        write_textfile(textfile, registry_of(lambda: (report, slo)))
+        click.echo(f"wrote {textfile} ({len(families(report, slo))} metric families)")
+        return
+    assert port is not None  # exactly one of the two, checked above
+    build()  # the same checks before serving
+    host, bound, stop = serve(registry_of(build), port, "127.0.0.1")
+    click.echo(f"serving http://{host}:{bound}/metrics (Ctrl-C stops)")
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        click.echo("stopped")
+    finally:
+        stop()

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from air_hpc.fleet.report import BADPUT_KINDS, FleetReport, GroupReport
+from air_hpc.fleet.slo import Attainment
 
 
 def _when(epoch_s: float) -> str:
@@ -139,6 +140,49 @@ def notes(report: FleetReport, priced: bool) -> list[str]:
     if not priced:
         found.append("no price: give --cluster or --hardware with usd_per_node_hour / usd_per_gpu_hour for the cost")
     return found
+
+
+def _slo_value(key: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    if "goodput" in key:
+        return _percent(value)
+    return f"{value:.1f}" + (" min" if key.endswith("_min") and "wait" in key else "/day")
+
+
+def slo_json(results: Sequence[Attainment], report: FleetReport) -> list[dict[str, Any]]:
+    """Each target's attainment, with the worst jobs by badput of its tenant or QOS."""
+    groups = {("tenant", g.key): g for g in report.tenants} | {("qos", g.key): g for g in report.qos}
+    found = []
+    for result in results:
+        group = groups.get((result.scope, result.name))
+        worst = [w.to_json() for w in group.worst] if group is not None else []
+        found.append({**result.to_json(), "worst_jobs": worst})
+    return found
+
+
+def slo_view(results: Sequence[Attainment], report: FleetReport) -> RenderableType:
+    """The targets, met or missed, with the error budget left; then the worst jobs of each missed group."""
+    table = Table(title="Service levels", title_justify="left")
+    for name in ("scope", "name", "target", "limit", "measured", "attainment", "budget left", ""):
+        table.add_column(name, justify="right" if name in ("limit", "measured", "budget left") else "left")
+    for r in results:
+        mark = "-" if r.met is None else ("met" if r.met else "MISSED")
+        left = "-" if r.budget_left is None else f"{100 * r.budget_left:.0f}%"
+        style = "red" if r.met is False else None
+        table.add_row(
+            r.scope, r.name, r.target, _slo_value(r.target, r.limit), _slo_value(r.target, r.measured), r.detail,
+            left, mark, style=style,
+        )  # fmt: skip
+    parts: list[RenderableType] = [table]
+    groups = {("tenant", g.key): g for g in report.tenants} | {("qos", g.key): g for g in report.qos}
+    missed = dict.fromkeys((r.scope, r.name) for r in results if r.met is False)
+    for scope, name in missed:
+        group = groups.get((scope, name))
+        for w in group.worst if group is not None else ():
+            lost = ", ".join(f"{k.replace('_', ' ')} {duration(v)}" for k, v in w.badput_s.items() if v > 0)
+            parts.append(Text(f"  {scope} {name}: job {w.job_id} {w.name}: {lost}"))
+    return Group(*parts)
 
 
 def report_view(report: FleetReport, priced: bool) -> RenderableType:

@@ -30,8 +30,9 @@ from air_hpc.fleet.runs import RunFacts
 from air_hpc.slurm.accounting import Accounting
 
 BADPUT_KINDS = ("queue", "startup", "checkpoint_stall", "lost_work", "restart_gap")
-#: Jobs listed as the worst by badput.
+#: Jobs listed as the worst by badput, in the fleet and in each tenant or QOS.
 WORST_JOBS = 10
+WORST_PER_GROUP = 3
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,14 @@ class GroupReport:
     jobs_with_records: int
     queue_waits_s: tuple[float, ...] = field(default=(), repr=False)
     """Every first wait, for SLO attainment."""
+    requeue_waits_s: tuple[float, ...] = field(default=(), repr=False)
+    worst: tuple["WorstJob", ...] = ()
+    """Its jobs that lost the most time, worst first."""
+
+    @classmethod
+    def empty(cls, key: str) -> "GroupReport":
+        """A tenant or QOS without jobs in the window."""
+        return group(key, ())
 
     def to_json(self, label: str) -> dict[str, Any]:
         return {
@@ -167,6 +176,11 @@ class FleetReport:
     malformed_examples: tuple[str, ...]
     runs_seen: int
     """Run directories looked at for our jobs."""
+    prices: Prices = Prices()
+
+    @property
+    def priced(self) -> bool:
+        return self.prices.usd_per_node_hour is not None or self.prices.usd_per_gpu_hour is not None
 
     @property
     def empty(self) -> bool:
@@ -300,6 +314,7 @@ def _goodput(jobs: Sequence[JobOutcome]) -> dict[str, float | None]:
 def group(key: str, jobs: Sequence[JobOutcome]) -> GroupReport:
     """The report of one tenant's (or QOS's, or the whole fleet's) jobs."""
     waits = [j.facts.queue_wait_s for j in jobs if j.facts.queue_wait_s is not None]
+    requeue_waits = [w for j in jobs for w in j.facts.requeue_waits_s]
     costs = [j.cost_usd for j in jobs if j.cost_usd is not None]
     return GroupReport(
         key=key,
@@ -307,7 +322,7 @@ def group(key: str, jobs: Sequence[JobOutcome]) -> GroupReport:
         node_seconds=sum(j.facts.node_s for j in jobs),
         gpu_seconds=sum(j.facts.gpu_s for j in jobs),
         queue_wait_s=Quantiles.of(waits),
-        requeue_wait_s=Quantiles.of([w for j in jobs for w in j.facts.requeue_waits_s]),
+        requeue_wait_s=Quantiles.of(requeue_waits),
         pending=sum(j.facts.pending for j in jobs),
         preemptions=sum(j.preemptions for j in jobs),
         requeues=sum(j.facts.requeues for j in jobs),
@@ -317,6 +332,8 @@ def group(key: str, jobs: Sequence[JobOutcome]) -> GroupReport:
         cost_usd=sum(costs) if costs else None,
         jobs_with_records=sum(j.productive_s is not None for j in jobs),
         queue_waits_s=tuple(waits),
+        requeue_waits_s=tuple(requeue_waits),
+        worst=worst_jobs(jobs, WORST_PER_GROUP),
     )
 
 
@@ -359,4 +376,5 @@ def build_fleet_report(
         malformed=accounting.malformed,
         malformed_examples=accounting.examples,
         runs_seen=runs_seen,
+        prices=prices,
     )
