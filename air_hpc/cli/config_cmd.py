@@ -17,8 +17,11 @@ def config() -> None:
 @set_option
 @json_option
 def show(job_file: str, overrides: tuple[str, ...], as_json: bool) -> None:
-    """Print JOB_FILE resolved: profiles composed, overrides applied, validated."""
+    """Print JOB_FILE resolved: profiles composed, overrides applied, validated (its data sources too)."""
+    from air_hpc.data.blend import precheck
+
     job = load_job(job_file, overrides)
+    precheck(job.data, job.model.seq_len)
     data = job.model_dump(mode="json")
     data["derived"] = {
         "world_size": job.resources.world_size,

@@ -79,6 +79,11 @@ def read_yaml(path: Path, source: Source | None = None, prefix: str = "") -> dic
 
 
 def _record_lines(node: yaml.Node, path: Path, prefix: str, source: Source) -> None:
+    if isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            source.lines[f"{prefix}{index}"] = (path, item.start_mark.line + 1)
+            _record_lines(item, path, f"{prefix}{index}.", source)
+        return
     if not isinstance(node, yaml.MappingNode):
         return
     for key_node, value_node in node.value:
@@ -108,9 +113,9 @@ def override_value(key: str, raw: str) -> Any:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         return raw
-    if isinstance(value, (dict, list)) or value is None:
+    if isinstance(value, dict) or value is None:
         return raw
-    return value
+    return value  # a list too: ``--set 'data.blend=[{path: a.h5, weight: 1}, ...]'``
 
 
 def _takes_text(parts: list[str]) -> bool:
@@ -199,6 +204,7 @@ def load_job(path: str | Path, overrides: Iterable[str] = ()) -> JobConfig:
             continue
         _set_dotted(raw, key, value)
         source.overridden.add(key)
+    _replace_data_source(raw, source.overridden)
     _absolutize(raw, source)
     return validate(raw, source, job_path)
 
@@ -218,6 +224,14 @@ def job_file(path: str | Path) -> Path:
     )
 
 
+def _replace_data_source(raw: dict[str, Any], overridden: set[str]) -> None:
+    """``--set data.blend=...`` replaces the job file's data.path, and ``--set data.path=...`` its blend."""
+    node = raw.get("data")
+    for given, other in (("path", "blend"), ("blend", "path")):
+        if isinstance(node, dict) and f"data.{given}" in overridden and f"data.{other}" not in overridden:
+            node.pop(other, None)
+
+
 def _absolutize(raw: dict[str, Any], source: Source) -> None:
     for section, key in (("run", "root"), ("data", "path"), ("cluster", "topology_file")):
         node = raw.get(section)
@@ -226,6 +240,12 @@ def _absolutize(raw: dict[str, Any], source: Source) -> None:
             written = source.lines.get(dotted)
             base = Path.cwd() if dotted in source.overridden or written is None else written[0].parent
             node[key] = str(anchored(base, Path(node[key]).expanduser()))
+    blend = (raw.get("data") or {}).get("blend") if isinstance(raw.get("data"), dict) else None
+    for index, item in enumerate(blend if isinstance(blend, list) else []):
+        if isinstance(item, dict) and isinstance(item.get("path"), str):
+            written = source.lines.get(f"data.blend.{index}.path")
+            base = Path.cwd() if "data.blend" in source.overridden or written is None else written[0].parent
+            item["path"] = str(anchored(base, Path(item["path"]).expanduser()))
 
 
 def anchored(base: Path, value: Path) -> Path:

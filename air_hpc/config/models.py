@@ -15,6 +15,7 @@ from pydantic_core import PydanticCustomError
 
 from air_hpc.config.layout import ParallelLayout
 from air_hpc.config.rules import RulesBroken, problems
+from air_hpc.errors import ConfigError
 
 SignalName = Literal["USR1", "USR2", "TERM", "INT", "HUP", "URG"]
 
@@ -168,8 +169,52 @@ class TrainConfig(Section):
     log_interval: int = Field(1, ge=1, description="Steps between log lines (metrics.jsonl gets every step).")
 
 
+class BlendSource(Section):
+    path: Path = Field(
+        description="Shards of this source: an HDF5 token file, a Megatron .bin/.idx prefix, a directory of "
+        "them, or a glob (made absolute at load)."
+    )
+    weight: float = Field(ge=0, allow_inf_nan=False, description="Share of the samples drawn from this source.")
+
+
 class DataConfig(Section):
-    path: Path = Field(description="HDF5 token file made by `air-hpc data prepare` (made absolute at load).")
+    path: Path | None = Field(
+        None,
+        description="Training data: an HDF5 token file made by `air-hpc data prepare`, a Megatron .bin/.idx "
+        "prefix, a directory of such shards, or a glob of them (made absolute at load). Or data.blend.",
+    )
+    blend: tuple[BlendSource, ...] | None = Field(
+        None,
+        description="Weighted sources ({path, weight}) mixed by a seeded schedule of the global sample index; "
+        "instead of data.path.",
+    )
+    max_open_files: int = Field(
+        64,
+        ge=1,
+        description="Shard files each rank keeps open at once (least recently used "
+        "closed first), so many ranks over many shards do not storm a shared file system.",
+    )
+    read_ahead: bool = Field(True, description="Read the next step's samples in a background thread.")
+
+    @model_validator(mode="after")
+    def _path_or_blend(self) -> "DataConfig":
+        """Exactly one way to name the data; weights that can draw a sample."""
+        if (self.path is None) == (self.blend is None):
+            raise ValueError("set exactly one of data.path and data.blend")
+        if self.blend is not None:
+            if not self.blend:
+                raise ValueError("data.blend is empty; give at least one {path, weight} source")
+            if sum(source.weight for source in self.blend) <= 0:
+                raise ValueError("every data.blend weight is 0; at least one source needs a weight > 0")
+        return self
+
+    def sources(self) -> tuple[BlendSource, ...]:
+        """The blend, or ``data.path`` as a blend of one."""
+        if self.blend is not None:
+            return self.blend
+        if self.path is None:
+            raise ConfigError("data: set data.path or data.blend")
+        return (BlendSource(path=self.path, weight=1.0),)
 
 
 class CheckpointConfig(Section):

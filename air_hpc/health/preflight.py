@@ -20,10 +20,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import h5py
+import numpy as np
 
-from air_hpc.config.models import JobConfig
-from air_hpc.errors import AirHpcError
+from air_hpc.config.models import DataConfig, JobConfig
+from air_hpc.data.blend import plan
+from air_hpc.data.shards import FilePool
+from air_hpc.errors import AirHpcError, InputError
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.badnodes import append_bad_nodes
 from air_hpc.health.ibstat import parse_ibstat, select_ports
@@ -135,17 +137,25 @@ def check_checkpoint_dir(directory: Path, min_free_gb: float) -> CheckResult:
     return CheckResult("checkpoint dir", True, f"writable, {free_gb:.1f} GB free")
 
 
-def check_data(path: Path) -> CheckResult:
-    """The HDF5 token file opens and its first and last tokens read back (catches a stale mount)."""
+def check_data(data: DataConfig) -> CheckResult:
+    """Every shard is there at its full size; the first and last tokens of each source's first and last
+    shard read back (catches a stale mount without opening every shard on every node)."""
     try:
-        with h5py.File(path, "r") as fh:
-            tokens = fh["tokens"]
-            count = int(tokens.shape[0])
-            tokens[: min(count, 64)]
-            tokens[max(count - 64, 0) :]
-    except (OSError, KeyError) as exc:
-        return CheckResult("data", False, f"{path} is not readable: {exc}")
-    return CheckResult("data", True, f"{path.name} readable ({count} tokens)")
+        found = plan(data, seq_len=1)
+        pool = FilePool(max_open=2)
+        for source in found.sources:
+            for shard in source.shards:
+                if shard.end_bytes and shard.path.stat().st_size < shard.end_bytes:
+                    raise InputError(f"{shard.path}: truncated: {shard.path.stat().st_size} of {shard.end_bytes} bytes")
+            for shard in {source.shards[0], source.shards[-1]}:
+                count = min(shard.tokens, 64)
+                pool.read(shard, np.array([0, shard.tokens - count]), count)
+        pool.close()
+    except (AirHpcError, OSError) as exc:
+        return CheckResult("data", False, f"{exc}")
+    tokens = sum(s.tokens for s in found.sources)
+    shards = sum(len(s.shards) for s in found.sources)
+    return CheckResult("data", True, f"{shards} shard(s) readable ({tokens} tokens)")
 
 
 def gpu_memories() -> tuple[int, ...]:
@@ -185,7 +195,7 @@ def run_preflight(
     if hw.hcas:
         checks.append(check_ib(probe_ibstat(), hw.hcas, job.health.min_ib_rate_gbps))
     checks.append(check_checkpoint_dir(RunDir.of(job).checkpoints, job.health.min_free_disk_gb))
-    checks.append(check_data(job.data.path))
+    checks.append(check_data(job.data))
     return PreflightReport(host, tuple(checks))
 
 

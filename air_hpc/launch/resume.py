@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from air_hpc.config.models import JobConfig
+from air_hpc.config.models import DataConfig, JobConfig
+from air_hpc.data.blend import tokenizer_of
 from air_hpc.errors import ConfigError, InputError
 from air_hpc.records.rundir import RunDir
 from air_hpc.resilience.store import CheckpointStore
-from air_hpc.train.data import inspect
 
 log = logging.getLogger(__name__)
 
@@ -128,12 +128,15 @@ def _recorded_job(run: RunDir) -> Mapping[str, Any] | None:
 
 
 def _tokenizer_change(recorded: Mapping[str, Any], job: JobConfig) -> Change | None:
-    """The data's tokenizer, when the data file changed and both files say which they were made with."""
-    old_path = (recorded.get("data") or {}).get("path")
-    if not isinstance(old_path, str) or Path(old_path) == job.data.path:
+    """The data's tokenizer, when the data changed and both say which tokenizer made them."""
+    try:
+        old_data = DataConfig.model_validate(recorded.get("data"))
+    except ValueError:  # pydantic's ValidationError: a record from another release
+        return None
+    if old_data.sources() == job.data.sources():
         return None
     try:
-        old, new = inspect(Path(old_path)).tokenizer, inspect(job.data.path).tokenizer
+        old, new = tokenizer_of(old_data), tokenizer_of(job.data)
     except InputError as exc:
         log.info("tokenizers not compared: %s", exc)
         return None

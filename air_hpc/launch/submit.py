@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from air_hpc.config.models import JobConfig
+from air_hpc.data.blend import check_for_training
 from air_hpc.errors import AirHpcError, CheckpointError, ConfigError, SlurmUnreachableError
 from air_hpc.exitcodes import ExitCode
 from air_hpc.launch.executors import EntryFactory, default_entry, make_executor
@@ -30,7 +31,6 @@ from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import Executor
 from air_hpc.resilience.store import CheckpointStore
 from air_hpc.slurm.client import SlurmClient
-from air_hpc.train.data import check_for_training
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def submit(
 
 def check_data(job: JobConfig) -> None:
     """The training data against the model, so a missing or short corpus is one line now, not a failed job."""
-    check_for_training(job.data.path, job.model.seq_len, job.model.vocab_size)
+    check_for_training(job.data, job.model.seq_len, job.model.vocab_size)
 
 
 def check_grace(job: JobConfig, client: SlurmClient) -> None:

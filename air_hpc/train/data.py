@@ -1,4 +1,4 @@
-"""HDF5 token data: build it from text (``prepare``), describe it (``inspect``), read samples.
+"""HDF5 token data: build it from text (``prepare``); the reader is :mod:`air_hpc.data`.
 
 File format (``format`` attribute 1)::
 
@@ -10,30 +10,25 @@ File format (``format`` attribute 1)::
 scratch file (memory stays constant in the input size), then copies the tokens
 into a contiguous dataset of the final file, written under a temporary name and
 renamed into place, so a crash never leaves a half-written corpus behind.
-
-A contiguous, uncompressed ``/tokens`` is read through a NumPy memmap at the
-offset h5py reports (no HDF5 call per sample); other layouts fall back to h5py
-slicing. Samples are ``seq_len + 1`` consecutive tokens (inputs and shifted
-labels), visited in a seeded shuffled order that depends only on the global
-sample index, so the order survives restarts and layout changes.
 """
 
 import json
 import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import h5py
 import numpy as np
 
+from air_hpc.data.hdf5 import FORMAT_VERSION
+from air_hpc.data.hdf5 import CorpusInfo as CorpusInfo  # the format's reader, re-exported for callers of prepare
+from air_hpc.data.hdf5 import inspect as inspect
 from air_hpc.errors import InputError
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
 _BLOCK_BYTES = 1 << 20
 _CHUNK_TOKENS = 1 << 16
 
@@ -156,18 +151,6 @@ def _documents(path: Path) -> Iterator[Iterator[str]]:
     yield pieces()
 
 
-@dataclass(frozen=True)
-class CorpusInfo:
-    path: Path
-    tokens: int
-    documents: int
-    tokenizer: str
-    vocab_size: int
-    eod_id: int
-    dtype: str
-    contiguous: bool
-
-
 def prepare(inputs: Iterable[Path], output: Path, tokenizer: Tokenizer) -> CorpusInfo:
     """Tokenize ``inputs`` (text or JSONL) into one HDF5 token file at ``output``."""
     inputs = list(inputs)
@@ -242,44 +225,6 @@ class _Appender:
             dest[start : start + _BLOCK_BYTES] = self.dataset[start : start + _BLOCK_BYTES]
 
 
-def inspect(path: Path) -> CorpusInfo:
-    """Open and check a token file; raise :class:`InputError` naming what is wrong."""
-    if not path.is_file():
-        raise InputError(
-            f"{path}: no such HDF5 token file; build one with `air-hpc data prepare INPUT... -o {path}` "
-            f"(the demo corpus: `air-hpc data prepare --project -o {path}`)"
-        )
-    try:
-        with h5py.File(path, "r") as fh:
-            missing = [name for name in ("tokens", "doc_offsets") if name not in fh]
-            if missing:
-                raise InputError(f"{path}: not an air-hpc token file: missing dataset(s) {', '.join(missing)}")
-            attrs = {key: fh.attrs.get(key) for key in ("format", "tokenizer", "vocab_size", "eod_id")}
-            absent = [key for key, value in attrs.items() if value is None]
-            if absent:
-                raise InputError(f"{path}: not an air-hpc token file: missing attribute(s) {', '.join(absent)}")
-            if int(attrs["format"]) != FORMAT_VERSION:
-                raise InputError(f"{path}: token file format {attrs['format']}, expected {FORMAT_VERSION}")
-            tokens = fh["tokens"]
-            if tokens.ndim != 1 or tokens.dtype.kind != "u":
-                raise InputError(f"{path}: /tokens must be a 1-D unsigned integer dataset, got {tokens.dtype}")
-            tokenizer = attrs["tokenizer"]
-            return CorpusInfo(
-                path=path,
-                tokens=int(tokens.shape[0]),
-                documents=max(int(fh["doc_offsets"].shape[0]) - 1, 0),
-                tokenizer=tokenizer.decode() if isinstance(tokenizer, bytes) else str(tokenizer),
-                vocab_size=int(attrs["vocab_size"]),
-                eod_id=int(attrs["eod_id"]),
-                dtype=str(tokens.dtype),
-                contiguous=tokens.id.get_offset() is not None,
-            )
-    except InputError:
-        raise
-    except (OSError, KeyError, ValueError) as exc:
-        raise InputError(f"{path}: cannot read as HDF5: {exc}") from None
-
-
 def sample_text(path: Path, max_tokens: int = 200) -> str:
     """The first tokens of the corpus, decoded when the tokenizer is the byte tokenizer."""
     info = inspect(path)
@@ -288,90 +233,6 @@ def sample_text(path: Path, max_tokens: int = 200) -> str:
     if info.tokenizer == ByteTokenizer.name:
         return ByteTokenizer().decode(ids)
     return " ".join(map(str, ids))
-
-
-def check_for_training(path: Path, seq_len: int, vocab_size: int) -> CorpusInfo:
-    """Everything the trainer needs from the file, checked before any process group starts."""
-    info = inspect(path)
-    if info.tokens < seq_len + 1:
-        raise InputError(
-            f"{path}: {info.tokens} tokens is shorter than one sample of model.seq_len + 1 = {seq_len + 1} tokens"
-        )
-    if vocab_size < info.vocab_size:
-        raise InputError(
-            f"model.vocab_size {vocab_size} is smaller than the vocabulary of {path} "
-            f"({info.tokenizer} tokenizer, {info.vocab_size} ids)"
-        )
-    return info
-
-
-class TokenSamples:
-    """Fixed-length samples in a seeded shuffled order; opened lazily so each process opens its own handle."""
-
-    def __init__(self, path: Path, seq_len: int, seed: int) -> None:
-        self.path = path
-        self.seq_len = seq_len
-        self.seed = seed
-        self._tokens: np.ndarray[Any, Any] | h5py.Dataset | None = None
-        self._file: h5py.File | None = None
-        self._orders: dict[int, np.ndarray[Any, Any]] = {}
-        self._window = np.arange(seq_len + 1, dtype=np.int64)
-        self._num_samples = 0
-
-    @property
-    def num_samples(self) -> int:
-        """Whole samples in one pass over the corpus."""
-        self._open()
-        return self._num_samples
-
-    def _open(self) -> np.ndarray[Any, Any] | h5py.Dataset:
-        if self._tokens is None:
-            info = inspect(self.path)
-            self._num_samples = (info.tokens - 1) // self.seq_len
-            fh = h5py.File(self.path, "r")
-            dataset = fh["tokens"]
-            offset = dataset.id.get_offset()
-            if offset is not None and dataset.compression is None:
-                self._tokens = np.memmap(self.path, dtype=dataset.dtype, mode="r", offset=offset, shape=dataset.shape)
-                fh.close()
-            else:
-                self._file, self._tokens = fh, dataset
-        return self._tokens
-
-    def _epoch_order(self, epoch: int) -> np.ndarray[Any, Any]:
-        """The permutation of one epoch; the two most recent are kept (a batch may straddle two)."""
-        order = self._orders.get(epoch)
-        if order is None:
-            order = np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
-            self._orders = {e: o for e, o in self._orders.items() if e == epoch - 1} | {epoch: order}
-        return order
-
-    def sample_starts(self, global_indices: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        """Token offset of each global sample index (epochs wrap around, each reshuffled)."""
-        self._open()
-        n = self._num_samples
-        first, last = int(global_indices.min()) // n, int(global_indices.max()) // n
-        if first == last:
-            return self._epoch_order(first)[global_indices - first * n] * self.seq_len
-        starts = np.empty(len(global_indices), dtype=np.int64)
-        epochs = global_indices // n
-        for epoch in range(first, last + 1):
-            mask = epochs == epoch
-            starts[mask] = self._epoch_order(epoch)[global_indices[mask] - epoch * n]
-        return starts * self.seq_len
-
-    def batch(self, global_indices: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        """``[len(indices), seq_len + 1]`` int64 tokens."""
-        tokens = self._open()
-        starts = self.sample_starts(global_indices)
-        if isinstance(tokens, np.ndarray):
-            return np.take(tokens, starts[:, None] + self._window).astype(np.int64)
-        return np.stack([tokens[s : s + self.seq_len + 1] for s in starts]).astype(np.int64)
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-        self._file = self._tokens = None
 
 
 def micro_batch_indices(

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from air_hpc.config.models import JobConfig
-from air_hpc.train.data import TokenSamples, micro_batch_indices
+from air_hpc.data.blend import BlendedSamples
+from air_hpc.train.data import micro_batch_indices
 from air_hpc.train.model import Model
 from air_hpc.train.parallel import ParallelContext
 
@@ -36,7 +37,7 @@ class StepResult:
 class StepRunner:
     """Runs training steps for one rank; holds nothing that changes between steps but timers."""
 
-    def __init__(self, job: JobConfig, ctx: ParallelContext, model: Model, samples: TokenSamples) -> None:
+    def __init__(self, job: JobConfig, ctx: ParallelContext, model: Model, samples: BlendedSamples) -> None:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         self.job = job

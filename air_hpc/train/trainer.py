@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from air_hpc.backend.collectives import gather_floats
 from air_hpc.config.models import JobConfig
+from air_hpc.data.blend import BlendedSamples, BlendPlan, check_for_training, open_samples
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.busy import BusyMeter
 from air_hpc.health.heartbeat import Heartbeat
@@ -30,7 +31,6 @@ from air_hpc.resilience.signals import Deadline, StopRequest, agree_stop
 from air_hpc.resilience.store import CheckpointStore
 from air_hpc.train import metrics as metrics_mod
 from air_hpc.train import parallel, tb_log
-from air_hpc.train.data import CorpusInfo, TokenSamples, check_for_training
 from air_hpc.train.parallel import ParallelContext
 from air_hpc.train.startup import StartupClock, resume_gc, startup_event
 from air_hpc.train.straggler_watch import StragglerWatch
@@ -52,11 +52,11 @@ def arm_stop(job: JobConfig) -> StopRequest:
     return StopRequest.install([job.resilience.signal, *ALWAYS_STOP_ON])
 
 
-def validate(job: JobConfig) -> CorpusInfo:
-    """Checks beyond the config's own cross-field rules: the data file against the model, optional packages."""
+def validate(job: JobConfig) -> BlendPlan:
+    """Checks beyond the config's own cross-field rules: the data against the model, optional packages."""
     if job.observe.tensorboard:
         tb_log.check_available()
-    return check_for_training(job.data.path, job.model.seq_len, job.model.vocab_size)
+    return check_for_training(job.data, job.model.seq_len, job.model.vocab_size)
 
 
 @dataclass(frozen=True)
@@ -127,6 +127,7 @@ def train(
             summary = loop.run()
     finally:
         loop.close()
+    _log_sources(loop.samples, loop.consumed, f"after step {summary.last_step}:")
     if summary.exit_code == ExitCode.OK:
         log.info("trained steps %d..%d in %.1f s", start.first_step, job.train.steps, time.perf_counter() - started)
     return summary
@@ -168,7 +169,8 @@ class _StepLoop:
         self.checkpoints, self.start, self.heartbeat, self.clock = checkpoints, start, heartbeat, clock
         self.consumed = start.consumed
         self.loss = math.nan
-        self.samples = TokenSamples(job.data.path, job.model.seq_len, job.train.seed)
+        self.samples = open_samples(job)
+        _log_sources(self.samples, start.consumed, "starting with")
         self.runner = StepRunner(job, ctx, model, self.samples)
         keep = start.first_step - 1
         self.writer = metrics_mod.MetricsWriter(run_dir.metrics, keep_through_step=keep) if ctx.writes_metrics else None
@@ -283,6 +285,12 @@ class _StepLoop:
         if self.board is not None:
             self.board.close()
         self.samples.close()
+
+
+def _log_sources(samples: BlendedSamples, consumed: int, when: str) -> None:
+    """Samples drawn from each data source so far (the blend's schedule gives them without counting)."""
+    counts = samples.source_counts(consumed)
+    log.info("data %s %s", when, ", ".join(f"{key} {n} samples" for key, n in counts.items()))
 
 
 def _straggler_watch(job: JobConfig, run_dir: RunDir, ctx: ParallelContext, events: EventLog) -> StragglerWatch | None:

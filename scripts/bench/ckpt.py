@@ -227,17 +227,17 @@ def build_rig(args: argparse.Namespace, job: Any, ctx: Any) -> Rig:
     """The model, its step runner and a checkpoint store under ``--dir``, the corpus written by rank 0."""
     import torch.distributed as dist
 
+    from air_hpc.data.blend import open_samples
     from air_hpc.records.events import EventLog
     from air_hpc.resilience.store import CheckpointStore
     from air_hpc.train import model as model_mod
     from air_hpc.train import parallel
-    from air_hpc.train.data import TokenSamples
     from air_hpc.train.loop import StepRunner
 
     dist.barrier()  # the corpus exists
     parallel.seed(ctx, job.train.seed)
     model = model_mod.build(job, ctx)
-    samples = TokenSamples(job.data.path, job.model.seq_len, job.train.seed)
+    samples = open_samples(job)
     store = CheckpointStore(Path(args.dir) / "checkpoints", keep_last=2)
     events = EventLog(Path(args.dir) / "events.jsonl")
     return Rig(job, ctx, model, StepRunner(job, ctx, model, samples), store, events)

@@ -45,13 +45,13 @@ def worker_main(spec_json: str) -> None:
     torch.set_num_threads(1)
     from air_hpc.backend import megatron_compat
     from air_hpc.config import load_job
+    from air_hpc.data.blend import open_samples
     from air_hpc.records.events import EventLog
     from air_hpc.records.rundir import RunDir
     from air_hpc.resilience.checkpointer import Checkpointer
     from air_hpc.resilience.store import CheckpointStore
     from air_hpc.train import model as model_mod
     from air_hpc.train import parallel
-    from air_hpc.train.data import TokenSamples
     from air_hpc.train.loop import StepRunner
 
     job = load_job(str(JOB), tuple(spec["overrides"]))
@@ -63,7 +63,7 @@ def worker_main(spec_json: str) -> None:
         ctx = stack.enter_context(parallel.distributed(env, job.layout, "gloo", 120))
         parallel.seed(ctx, job.train.seed)
         model = model_mod.build(job, ctx)
-        samples = TokenSamples(job.data.path, job.model.seq_len, job.train.seed)
+        samples = open_samples(job)
         runner = StepRunner(job, ctx, model, samples)
         store = CheckpointStore(run.checkpoints, job.checkpoint.keep_last, job.checkpoint.keep_every)
         ckpt = Checkpointer(store, EventLog(run.events), spec["async"], layout=ctx.layout, verify=job.checkpoint.verify)

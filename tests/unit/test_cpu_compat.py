@@ -19,6 +19,7 @@ import torch
 from air_hpc.backend import megatron_compat
 from air_hpc.config.load import load_job
 from air_hpc.config.models import JobConfig
+from air_hpc.data.blend import open_samples
 from air_hpc.train import data, model, parallel
 from air_hpc.train.loop import StepRunner
 
@@ -73,7 +74,7 @@ def _one_step(job: JobConfig, skip: frozenset[str] = frozenset()) -> float:
     with megatron_compat.cpu_patched(skip), parallel.distributed(env, job.layout, "gloo", 60) as ctx:
         parallel.seed(ctx, job.train.seed)
         built = model.build(job, ctx)
-        samples = data.TokenSamples(job.data.path, job.model.seq_len, job.train.seed)
+        samples = open_samples(job)
         result = StepRunner(job, ctx, built, samples).step(0)
         samples.close()
         return result.loss

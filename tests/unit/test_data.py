@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from air_hpc.cli.main import main
+from air_hpc.config.models import DataConfig
+from air_hpc.data.blend import BlendedSamples, check_for_training
 from air_hpc.errors import InputError
 from air_hpc.exitcodes import ExitCode
 from air_hpc.train import data
@@ -96,13 +98,13 @@ def test_hdf5_without_our_datasets_is_rejected(tmp_path: Path) -> None:
 def test_seq_len_longer_than_the_data(corpus: Path) -> None:
     tokens = data.inspect(corpus).tokens
     with pytest.raises(InputError, match="shorter than one sample"):
-        data.check_for_training(corpus, seq_len=tokens, vocab_size=512)
-    assert data.check_for_training(corpus, seq_len=tokens - 1, vocab_size=512).tokens == tokens
+        check_for_training(DataConfig(path=corpus), seq_len=tokens, vocab_size=512)
+    assert check_for_training(DataConfig(path=corpus), seq_len=tokens - 1, vocab_size=512).sources[0].tokens == tokens
 
 
 def test_vocab_smaller_than_the_tokenizer(corpus: Path) -> None:
     with pytest.raises(InputError, match=r"model\.vocab_size 256 is smaller"):
-        data.check_for_training(corpus, seq_len=8, vocab_size=256)
+        check_for_training(DataConfig(path=corpus), seq_len=8, vocab_size=256)
 
 
 def test_bad_jsonl_line_names_file_and_line(tmp_path: Path) -> None:
@@ -119,19 +121,35 @@ def test_missing_tokenizer_directory(tmp_path: Path) -> None:
         data.load_tokenizer(str(tmp_path / "missing"))
 
 
+def _samples(path: Path, seq_len: int, seed: int) -> BlendedSamples:
+    return BlendedSamples(check_for_training(DataConfig(path=path), seq_len, 512), seed)
+
+
+def _starts(samples: BlendedSamples, indices: np.ndarray) -> list[int]:
+    return (samples.locate(indices)[1] * samples.plan.seq_len).tolist()
+
+
 def test_samples_cover_every_sample_once_per_epoch_in_a_seeded_order(corpus: Path) -> None:
-    samples = data.TokenSamples(corpus, seq_len=16, seed=7)
-    n = samples.num_samples
-    epoch0 = samples.sample_starts(np.arange(n))
-    epoch1 = samples.sample_starts(np.arange(n, 2 * n))
-    assert sorted(epoch0.tolist()) == list(range(0, n * 16, 16)) == sorted(epoch1.tolist())
-    assert epoch0.tolist() != epoch1.tolist()
-    assert epoch0.tolist() == data.TokenSamples(corpus, seq_len=16, seed=7).sample_starts(np.arange(n)).tolist()
-    assert epoch0.tolist() != data.TokenSamples(corpus, seq_len=16, seed=8).sample_starts(np.arange(n)).tolist()
+    samples = _samples(corpus, seq_len=16, seed=7)
+    n = samples.plan.sources[0].samples
+    epoch0 = _starts(samples, np.arange(n))
+    epoch1 = _starts(samples, np.arange(n, 2 * n))
+    assert sorted(epoch0) == list(range(0, n * 16, 16)) == sorted(epoch1)
+    assert epoch0 != epoch1
+    assert epoch0 == _starts(_samples(corpus, seq_len=16, seed=7), np.arange(n))
+    assert epoch0 != _starts(_samples(corpus, seq_len=16, seed=8), np.arange(n))
+
+
+def test_a_single_file_keeps_the_order_of_earlier_releases(corpus: Path) -> None:
+    """Runs saved before blends existed resume on the same samples: data.path alone is permuted as it was."""
+    samples = _samples(corpus, seq_len=16, seed=7)
+    n = samples.plan.sources[0].samples
+    legacy = [np.random.default_rng([7, epoch]).permutation(n) * 16 for epoch in (0, 1, 2)]
+    assert _starts(samples, np.arange(3 * n)) == np.concatenate(legacy).tolist()
 
 
 def test_batch_is_consecutive_tokens_and_matches_the_h5py_path(corpus: Path, tmp_path: Path) -> None:
-    samples = data.TokenSamples(corpus, seq_len=16, seed=1)
+    samples = _samples(corpus, seq_len=16, seed=1)
     batch = samples.batch(np.array([0, 5, 3]))
     with h5py.File(corpus, "r") as fh:
         tokens = fh["tokens"][:]
@@ -140,10 +158,10 @@ def test_batch_is_consecutive_tokens_and_matches_the_h5py_path(corpus: Path, tmp
             out.create_dataset("tokens", data=tokens, chunks=(64,), compression="gzip")
             out.create_dataset("doc_offsets", data=fh["doc_offsets"][:])
             out.attrs.update(dict(fh.attrs))
-    starts = samples.sample_starts(np.array([0, 5, 3]))
+    starts = _starts(samples, np.array([0, 5, 3]))
     assert batch.shape == (3, 17)
     assert batch.tolist() == [tokens[s : s + 17].tolist() for s in starts]
-    fallback = data.TokenSamples(chunked, seq_len=16, seed=1)
+    fallback = _samples(chunked, seq_len=16, seed=1)
     assert not data.inspect(chunked).contiguous
     assert fallback.batch(np.array([0, 5, 3])).tolist() == batch.tolist()
 

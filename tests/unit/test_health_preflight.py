@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from air_hpc.config import load_job
-from air_hpc.config.models import JobConfig
+from air_hpc.config.models import DataConfig, JobConfig
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.badnodes import read_bad_nodes
 from air_hpc.health.preflight import (
@@ -103,12 +103,25 @@ def test_read_only_checkpoint_dir_fails(tmp_path: Path) -> None:
 
 
 def test_data_must_be_readable(tmp_path: Path, corpus: Path) -> None:
-    assert check_data(corpus).ok
+    assert check_data(DataConfig(path=corpus)).ok
     broken = tmp_path / "broken.h5"
     broken.write_bytes(corpus.read_bytes()[:2048])
-    result = check_data(broken)
-    assert not result.ok and result.detail.startswith(f"{broken} is not readable")
-    assert not check_data(tmp_path / "missing.h5").ok
+    result = check_data(DataConfig(path=broken))
+    assert not result.ok and result.detail.startswith(f"{broken}: ")
+    assert not check_data(DataConfig(path=tmp_path / "missing.h5")).ok
+
+
+def test_data_check_finds_a_truncated_shard_of_a_blend(tmp_path: Path, corpus: Path) -> None:
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for name in ("a.h5", "b.h5", "c.h5"):
+        (shards / name).write_bytes(corpus.read_bytes())
+    blend = DataConfig(blend=({"path": shards, "weight": 1}, {"path": corpus, "weight": 2}))
+    assert check_data(blend).ok and "4 shard(s)" in check_data(blend).detail
+    middle = shards / "b.h5"
+    middle.write_bytes(corpus.read_bytes()[:-100])
+    result = check_data(blend)
+    assert not result.ok and result.detail.startswith(f"{middle}: ") and "truncated" in result.detail, result.detail
 
 
 def test_cpu_job_passes_and_is_only_logged(tmp_path: Path, corpus: Path) -> None:
