@@ -199,6 +199,9 @@ class _Source:
 
     def positions(self, samples: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """The source-wide sample each of the source's own sample indices is (epochs wrap, each reshuffled)."""
+        first, last = int(samples.min()) // self.samples, int(samples.max()) // self.samples
+        if first == last:
+            return self._order(first)[samples - first * self.samples]
         epochs = samples // self.samples
         out = np.empty(len(samples), dtype=np.int64)
         for epoch in np.unique(epochs):
@@ -208,6 +211,9 @@ class _Source:
 
     def read(self, samples: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> None:
         positions = self.positions(samples)
+        if len(self.plan.shards) == 1:
+            out[:] = self.pool.read(self.plan.shards[0], positions * self.seq_len, self.seq_len + 1)
+            return
         shard_of = np.searchsorted(self.bounds, positions, side="right") - 1
         for shard in np.unique(shard_of):
             mask = shard_of == shard
@@ -241,7 +247,9 @@ class BlendedSamples:
         """``[len(indices), seq_len + 1]`` int64 tokens."""
         src, own = self.schedule.assign(np.asarray(global_indices, dtype=np.int64))
         out = np.empty((len(src), self.plan.seq_len + 1), dtype=np.int64)
-        for d in np.unique(src):
+        if len(self.sources) == 1:
+            self.sources[0].read(own, out)
+        for d in np.unique(src) if len(self.sources) > 1 else ():
             mask = src == d
             part = np.empty((int(mask.sum()), self.plan.seq_len + 1), dtype=np.int64)
             self.sources[int(d)].read(own[mask], part)

@@ -86,6 +86,13 @@ class BlendSchedule:
     def assign(self, indices: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         """(source, sample of that source) for each global index."""
         indices = np.asarray(indices, dtype=np.int64)
+        if len(self.active) == 1:
+            return np.full(len(indices), self.active[0], dtype=np.int64), indices
+        first, last = int(indices.min()) // self.block, int(indices.max()) // self.block
+        if first == last:  # a micro-batch inside one block: the common case, without masks
+            src, k = self._get_block(first)
+            offsets = indices - first * self.block
+            return src[offsets], k[offsets]
         sources = np.empty(len(indices), dtype=np.int64)
         samples = np.empty(len(indices), dtype=np.int64)
         blocks = indices // self.block

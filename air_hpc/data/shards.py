@@ -3,10 +3,11 @@
 Two formats: air-hpc's HDF5 token files (:mod:`air_hpc.data.hdf5`) and Megatron's
 indexed ``.bin``/``.idx`` pair, whose index is read by megatron-core's own
 ``IndexedDataset``. Either way a shard is a flat run of tokens at a known byte
-offset of one file, read with ``pread``: a file truncated under a running job
-gives a short read, which is an error naming the file, where a memory map would
-die of SIGBUS. Files are opened lazily through a :class:`FilePool` that keeps at
-most ``max_open`` of them open per process (least recently used closed first).
+offset of one file, read through a memory map after an ``fstat`` of the file: a
+shard truncated or removed under a running job is an error naming the file
+(a map read past a truncated end would kill the process with SIGBUS). Files are
+opened lazily through a :class:`FilePool` that keeps at most ``max_open`` of them
+open per process (least recently used closed first).
 """
 
 import glob
@@ -167,11 +168,13 @@ def _read_sidecar(prefix: Path) -> dict[str, Any]:
 
 
 class _Open:
-    """One open shard file: a descriptor for pread, or an h5py dataset for chunked HDF5."""
+    """One open shard file: a memory map of its tokens checked with ``fstat`` before each read, or an h5py
+    dataset for chunked HDF5."""
 
     def __init__(self, info: ShardInfo) -> None:
         self.info = info
         self.h5: h5py.File | None = None
+        self.tokens: np.ndarray[Any, Any] | None = None
         self.fd = -1
         try:
             if info.offset is None:
@@ -179,36 +182,43 @@ class _Open:
             else:
                 self.fd = os.open(info.path, os.O_RDONLY | os.O_CLOEXEC)
                 self.check()
+                self.tokens = np.memmap(
+                    info.path, dtype=np.dtype(info.dtype), mode="r", offset=info.offset, shape=(info.tokens,)
+                )
         except FileNotFoundError:
+            self.close()
             raise InputError(f"{info.path}: shard disappeared during the run (no such file now)") from None
         except OSError as exc:
+            self.close()
             raise InputError(f"{info.path}: cannot open shard: {exc}") from None
 
     def check(self) -> None:
-        """The file still holds every token its header promised (a truncated shard is an error, not garbage)."""
+        """The file is still there and holds every token its header promised.
+
+        Checked before every read: a memory map of a file truncated under it would end the
+        process with SIGBUS, and one of a file removed under it would read on, from a corpus
+        nobody can see any more.
+        """
         st = os.fstat(self.fd)
+        if st.st_nlink == 0:
+            raise InputError(f"{self.info.path}: shard removed during the run")
         if st.st_size < self.info.end_bytes:
             raise InputError(
                 f"{self.info.path}: shard truncated during the run: {st.st_size} bytes, needs {self.info.end_bytes}"
             )
 
-    def read(self, starts: np.ndarray[Any, Any], length: int) -> np.ndarray[Any, Any]:
-        """``[len(starts), length]`` tokens, each row from a token offset."""
-        dtype = np.dtype(self.info.dtype)
-        if self.h5 is not None:
-            dataset = self.h5["tokens"]
-            return np.stack([dataset[s : s + length] for s in starts]).astype(dtype, copy=False)
-        out = np.empty((len(starts), length), dtype=dtype)
-        want = length * dtype.itemsize
-        base = self.info.offset or 0
-        for row, start in enumerate(starts):
-            got = os.preadv(self.fd, [memoryview(out[row]).cast("B")], base + int(start) * dtype.itemsize)
-            if got != want:
-                self.check()
-                raise InputError(f"{self.info.path}: short read at token {int(start)} ({got} of {want} bytes)")
-        return out
+    def read(self, starts: np.ndarray[Any, Any], window: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """``[len(starts), len(window)]`` tokens, row ``i`` from token ``starts[i]`` on."""
+        if self.tokens is not None:
+            self.check()
+            return np.take(self.tokens, starts[:, None] + window)
+        if self.h5 is None:
+            raise InputError(f"{self.info.path}: shard read after it was closed")
+        dataset = self.h5["tokens"]
+        return np.stack([dataset[s : s + len(window)] for s in starts])
 
     def close(self) -> None:
+        self.tokens = None
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -231,8 +241,13 @@ class FilePool:
         self._open: OrderedDict[Path, _Open] = OrderedDict()
         self._lock = threading.Lock()
         self.opened = 0  # files opened so far (reopens after eviction included)
+        self._windows: dict[int, np.ndarray[Any, Any]] = {}
 
     def read(self, info: ShardInfo, starts: np.ndarray[Any, Any], length: int) -> np.ndarray[Any, Any]:
+        """``[len(starts), length]`` tokens of one shard, row ``i`` from token ``starts[i]`` on."""
+        window = self._windows.get(length)
+        if window is None:
+            window = self._windows[length] = np.arange(length, dtype=np.int64)
         with self._lock:
             handle = self._open.get(info.path)
             if handle is None:
@@ -242,7 +257,7 @@ class FilePool:
                 self.opened += 1
             else:
                 self._open.move_to_end(info.path)
-            return handle.read(starts, length)
+            return handle.read(starts, window)
 
     @property
     def open_files(self) -> int:

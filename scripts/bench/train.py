@@ -7,7 +7,7 @@
    loop) and the whole ``trainer.train`` loop (wall time between steps, so metrics, the stop
    agreement and the checkpoint poll count; bare blocks before and after). Target <= 1.05.
    On CPU both run under ``air_hpc.backend.megatron_compat`` (megatron-core needs it to run at all).
-2. HDF5 loader throughput (``TokenSamples.batch``) vs per-sample slicing of a NumPy memmap of the
+2. HDF5 loader throughput (``BlendedSamples.batch`` on ``data.path``) vs per-sample slicing of a NumPy memmap of the
    same tokens, same sample indices. Target >= 1.0.
 3. Loader time as a share of our step time. Target <= 2 %.
 
@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from air_hpc.config.load import load_job
-from air_hpc.config.models import JobConfig
+from air_hpc.config.models import DataConfig, JobConfig
+from air_hpc.data.blend import BlendedSamples, check_for_training, open_samples
 from air_hpc.train import data
 
 REPO = Path(__file__).resolve().parents[2]
@@ -140,7 +141,7 @@ def rank_main(rank: int, world: int, port: int, job_json: str, steps: int, out: 
     with megatron_compat.cpu_patched(), parallel.distributed(env, job.layout, "gloo", 300) as ctx:
         bare_step = bare_megatron(job, ctx.is_first_stage, ctx.is_last_stage)
         parallel.seed(ctx, job.train.seed)
-        runner = StepRunner(job, ctx, model.build(job, ctx), data.TokenSamples(job.data.path, job.model.seq_len, 1))
+        runner = StepRunner(job, ctx, model.build(job, ctx), open_samples(job))
         ours: list[float] = []
         bare: list[float] = []
         loader: list[float] = []
@@ -205,7 +206,7 @@ def _full_loop_step_times(job: JobConfig, ctx: Any, run_path: Path, steps: int) 
 
 
 def loader_bench(path: Path, seq_len: int, batch: int, batches: int, repeats: int = 5) -> tuple[float, float]:
-    """Tokens/s of TokenSamples.batch and of a memmap baseline over the same sample indices (best of repeats).
+    """Tokens/s of BlendedSamples.batch and of a memmap baseline over the same sample indices (best of repeats).
 
     The indices are consecutive global batches, as training reads them; the baseline gets the
     shuffled offsets precomputed, so only our loader pays for the sample order.
@@ -213,14 +214,14 @@ def loader_bench(path: Path, seq_len: int, batch: int, batches: int, repeats: in
     import h5py
     import numpy as np
 
-    samples = data.TokenSamples(path, seq_len, seed=3)
+    samples = BlendedSamples(check_for_training(DataConfig(path=path), seq_len, 1 << 20), seed=3)
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "tokens.npy"
         with h5py.File(path, "r") as fh:
             np.save(raw, fh["tokens"][:])
         memmap = np.load(raw, mmap_mode="r")
         index_sets = [np.arange(k * batch, (k + 1) * batch) for k in range(batches)]
-        starts = [samples.sample_starts(ix) for ix in index_sets]
+        starts = [samples.locate(ix)[1] * seq_len for ix in index_sets]
         samples.batch(index_sets[0])
         for ix, st in zip(index_sets, starts, strict=True):
             expected = np.stack([memmap[s : s + seq_len + 1] for s in st]).astype(np.int64)

@@ -47,7 +47,7 @@ def test_an_indexed_corpus_is_read_in_place_like_its_tokens(tmp_path: Path, docs
         None,
     )
     samples = BlendedSamples(check_for_training(DataConfig(path=Path(f"{prefix}.idx")), SEQ, 257), seed=2)
-    sources, positions = samples.locate(np.arange(10))
+    _, positions = samples.locate(np.arange(10))
     batch = samples.batch(np.arange(10))
     assert batch.tolist() == [flat[p * SEQ : p * SEQ + SEQ + 1].tolist() for p in positions]
     reader = IndexedDataset(str(prefix))
