@@ -16,6 +16,7 @@ line naming its config key and file).
 """
 
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -222,10 +223,24 @@ class _Source:
 
 
 class BlendedSamples:
-    """``[n, seq_len + 1]`` token batches for global sample indices, from a checked :class:`BlendPlan`."""
+    """``[n, seq_len + 1]`` token batches for global sample indices, from a checked :class:`BlendPlan`.
 
-    def __init__(self, blend: BlendPlan, seed: int, max_open_files: int = 64, vocab_size: int | None = None) -> None:
+    :meth:`prefetch` reads batches the caller will ask for next in a background thread
+    (``data.read_ahead``), so the step that asks finds them read; an error there (a shard
+    gone) is raised by the :meth:`batch` call that wanted the batch.
+    """
+
+    def __init__(
+        self,
+        blend: BlendPlan,
+        seed: int,
+        max_open_files: int = 64,
+        vocab_size: int | None = None,
+        read_ahead: bool = False,
+    ) -> None:
         self.plan = blend
+        self._ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-ahead") if read_ahead else None
+        self._pending: dict[tuple[int, int], Future[np.ndarray[Any, Any]]] = {}
         self.schedule = BlendSchedule(blend.weights)
         self.pool = FilePool(max_open_files)
         self.vocab_size = vocab_size
@@ -243,8 +258,28 @@ class BlendedSamples:
             positions[mask] = self.sources[int(d)].positions(own[mask])
         return src, positions
 
+    def prefetch(self, batches: list[np.ndarray[Any, Any]], done_before: int) -> None:
+        """Start reading ``batches`` (runs of consecutive indices) in the background; forget what was read
+        ahead for indices below ``done_before`` (steps already trained)."""
+        if self._ahead is None:
+            return
+        self._pending = {key: f for key, f in self._pending.items() if key[0] >= done_before}
+        for indices in batches:
+            key = (int(indices[0]), len(indices))
+            if key not in self._pending:
+                self._pending[key] = self._ahead.submit(self._read, indices)
+
     def batch(self, global_indices: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """``[len(indices), seq_len + 1]`` int64 tokens."""
+        global_indices = np.asarray(global_indices, dtype=np.int64)
+        ahead = self._pending.get((int(global_indices[0]), len(global_indices))) if len(global_indices) else None
+        if ahead is not None and np.array_equal(
+            global_indices, np.arange(global_indices[0], global_indices[0] + len(global_indices))
+        ):
+            return ahead.result()
+        return self._read(global_indices)
+
+    def _read(self, global_indices: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         src, own = self.schedule.assign(np.asarray(global_indices, dtype=np.int64))
         out = np.empty((len(src), self.plan.seq_len + 1), dtype=np.int64)
         if len(self.sources) == 1:
@@ -267,10 +302,15 @@ class BlendedSamples:
         return {s.key: int(c) for s, c in zip(self.plan.sources, counts, strict=True)}
 
     def close(self) -> None:
+        if self._ahead is not None:
+            for pending in self._pending.values():
+                pending.cancel()
+            self._ahead.shutdown(wait=True)
+            self._pending = {}
         self.pool.close()
 
 
 def open_samples(job: JobConfig) -> BlendedSamples:
     """The job's training samples, its data checked against its model first."""
     found = check_for_training(job.data, job.model.seq_len, job.model.vocab_size)
-    return BlendedSamples(found, job.train.seed, job.data.max_open_files, job.model.vocab_size)
+    return BlendedSamples(found, job.train.seed, job.data.max_open_files, job.model.vocab_size, job.data.read_ahead)

@@ -62,6 +62,16 @@ class StepRunner:
             self._loader_s += time.perf_counter() - started
             yield batch
 
+    def _read_ahead(self, next_consumed: int) -> None:
+        """Have the next step's micro-batches read in the background while this step computes."""
+        ctx, t = self.ctx, self.job.train
+        if any(ctx.chunk_is_first(c) or ctx.chunk_is_last(c) for c in range(ctx.chunks)):
+            batches = [
+                micro_batch_indices(next_consumed, micro, t.micro_batch_size, ctx.dp_rank, ctx.layout.dp)
+                for micro in range(self.micro_batches)
+            ]
+            self.samples.prefetch(batches, done_before=next_consumed - t.global_batch_size)
+
     def _data_iterators(self, consumed_samples: int) -> Any:
         ctx = self.ctx
         iterators = [
@@ -88,6 +98,7 @@ class StepRunner:
         started = time.perf_counter()
         self._loader_s = 0.0
         model, t = self.model, self.job.train
+        self._read_ahead(consumed_samples + t.global_batch_size)
         for chunk in model.chunks:
             chunk.zero_grad_buffer()
         model.optimizer.zero_grad()

@@ -276,3 +276,27 @@ def test_token_ids_beyond_the_model_vocabulary_are_an_error_naming_the_source(tm
     samples = BlendedSamples(check_for_training(DataConfig(path=a), SEQ, 512), seed=1, vocab_size=257)
     with pytest.raises(InputError, match=r"data.path: token id 300 is outside model.vocab_size 257"):
         samples.batch(np.arange(4))
+
+
+def test_read_ahead_gives_the_same_batches_read_before_they_are_asked_for(three: DataConfig, tmp_path: Path) -> None:
+    found = check_for_training(three, SEQ, 512)
+    plain = BlendedSamples(found, seed=4)
+    ahead = BlendedSamples(found, seed=4, read_ahead=True)
+    step = [np.arange(k, k + 4) for k in range(40, 52, 4)]
+    ahead.prefetch(step, done_before=40)
+    expected = [plain.batch(ix).tolist() for ix in step]
+    assert [ahead.batch(ix).tolist() for ix in step] == expected
+    assert 1 in plain.schedule.assign(np.arange(40, 52))[0], "the code source is in these batches"
+    for shard in (tmp_path / "code").iterdir():  # every shard of a source truncated after the read-ahead
+        with shard.open("r+b") as fh:
+            fh.truncate(100)
+    assert [ahead.batch(ix).tolist() for ix in step] == expected, "what was read ahead is served from memory"
+    fresh = BlendedSamples(found, seed=4, read_ahead=True)
+    fresh.prefetch(step, done_before=40)
+    with pytest.raises(InputError, match=f"{tmp_path / 'code'}/part-00[01].h5: shard truncated during the run"):
+        for ix in step:
+            fresh.batch(ix)
+    fresh.prefetch([np.arange(60, 64)], done_before=52)
+    assert all(key[0] >= 52 for key in fresh._pending), "batches of finished steps are forgotten"
+    for samples in (plain, ahead, fresh):
+        samples.close()
