@@ -15,7 +15,13 @@ def data() -> None:
 
 @data.command("prepare")
 @click.argument("inputs", nargs=-1, type=click.Path(path_type=Path))
-@click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="HDF5 file to write.")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="HDF5 file, or with --shard-tokens a directory.",
+)
 @click.option(
     "--project",
     is_flag=True,
@@ -27,7 +33,29 @@ def data() -> None:
     show_default=True,
     help="'byte' (offline, vocab 257) or a local Hugging Face tokenizer directory / tokenizer.json.",
 )
-def prepare(inputs: tuple[Path, ...], output: Path, project: bool, tokenizer: str) -> None:
+@click.option(
+    "--shard-tokens",
+    type=click.IntRange(min=1),
+    help="Write OUTPUT/part-GGGGG-KKKK.h5 shards of about this many tokens (cut at document ends), one process "
+    "per input group.",
+)
+@click.option("--workers", type=click.IntRange(min=1), help="Processes for --shard-tokens (default: every core).")
+@click.option(
+    "--group-mb",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="Input text per group (consecutive inputs); the output depends on it, not on --workers.",
+)
+def prepare(
+    inputs: tuple[Path, ...],
+    output: Path,
+    project: bool,
+    tokenizer: str,
+    shard_tokens: int | None,
+    workers: int | None,
+    group_mb: int,
+) -> None:
     """Tokenize text files (one document each) and JSONL files (one document per line's "text") into OUTPUT."""
     from air_hpc.errors import InputError
     from air_hpc.train.data import load_tokenizer, project_sources
@@ -36,11 +64,41 @@ def prepare(inputs: tuple[Path, ...], output: Path, project: bool, tokenizer: st
     sources = [*inputs, *(project_sources() if project else [])]
     if not sources:
         raise InputError("data prepare: no INPUT files given (and no --project)")
+    if shard_tokens is not None:
+        _prepare_sharded(sources, output, tokenizer, shard_tokens, workers, group_mb << 20)
+        return
+    if workers is not None:
+        raise InputError("data prepare: --workers needs --shard-tokens (one output file is written by one process)")
     info = build(sources, output, load_tokenizer(tokenizer))
     click.echo(
         f"{info.path}: {info.tokens} tokens, {info.documents} documents, "
         f"tokenizer {info.tokenizer} (vocab {info.vocab_size}), dtype {info.dtype}"
     )
+
+
+def _prepare_sharded(
+    sources: list[Path], output: Path, tokenizer: str, shard_tokens: int, workers: int | None, group_bytes: int
+) -> None:
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    from air_hpc.train.prepare import prepare_sharded
+
+    columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    console = Console(stderr=True)  # stdout keeps the one summary line
+    with Progress("[progress.description]{task.description}", *columns, transient=True, console=console) as bar:
+        task = bar.add_task("tokenizing", total=None)
+        infos = prepare_sharded(
+            sources,
+            output,
+            tokenizer,
+            shard_tokens,
+            workers,
+            group_bytes,
+            on_progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    tokens, documents = sum(i.tokens for i in infos), sum(i.documents for i in infos)
+    click.echo(f"{output}: {len(infos)} shards, {tokens} tokens, {documents} documents")
 
 
 @data.command("inspect")
@@ -105,21 +163,17 @@ def _print_report(described: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{described['samples']} samples of seq_len {described['seq_len']}")
-    for column in ("source", "path", "weight", "shards", "tokens", "documents", "samples", "drawn", "epochs"):
-        table.add_column(column, justify="left" if column in ("source", "path") else "right")
+    blend = described["samples"] > 0
+    table = Table(title=f"{described['samples']} samples of seq_len {described['seq_len']}" if blend else None)
+    columns = ["source", "path", "weight", "formats", "shards", "tokens", "documents"]
+    columns += ["samples", "drawn", "epochs"] if blend else []
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("source", "path", "formats") else "right")
     for s in described["sources"]:
-        table.add_row(
-            s["key"],
-            s["path"],
-            f"{s['weight']:.3f}",
-            str(s["shards"]),
-            str(s["tokens"]),
-            str(s["documents"]),
-            str(s["samples"]),
-            str(s["drawn"]),
-            f"{s['epochs']:.3f}",
-        )
+        row = [s["key"], s["path"], f"{s['weight']:.3f}", ",".join(s["formats"]), str(s["shards"])]
+        row += [str(s["tokens"]), str(s["documents"])]
+        row += [str(s["samples"]), str(s["drawn"]), f"{s['epochs']:.3f}"] if blend else []
+        table.add_row(*row)
     Console(width=max(120, len(max((s["path"] for s in described["sources"]), key=len)) + 80)).print(table)
     click.echo(f"tokenizer: {described['tokenizer'] or 'not recorded'} (vocab {described['vocab_size'] or '?'})")
 

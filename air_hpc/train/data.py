@@ -15,7 +15,7 @@ renamed into place, so a crash never leaves a half-written corpus behind.
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -117,7 +117,7 @@ def token_dtype(vocab_size: int) -> np.dtype[Any]:
     return np.dtype(np.uint64)
 
 
-def _documents(path: Path) -> Iterator[Iterator[str]]:
+def documents(path: Path) -> Iterator[Iterator[str]]:
     """Each document of an input as a stream of text pieces: a JSONL line's ``text``, or a whole text file."""
     if path.suffix in {".jsonl", ".ndjson"}:
         with path.open(encoding="utf-8") as fh:
@@ -154,44 +154,80 @@ def _documents(path: Path) -> Iterator[Iterator[str]]:
 def prepare(inputs: Iterable[Path], output: Path, tokenizer: Tokenizer) -> CorpusInfo:
     """Tokenize ``inputs`` (text or JSONL) into one HDF5 token file at ``output``."""
     inputs = list(inputs)
+    check_inputs(inputs)
+    writer = CorpusWriter(output, tokenizer)
+    try:
+        for path in inputs:
+            for doc in documents(path):
+                writer.add(doc)
+        if writer.tokens == 0:
+            raise InputError(f"{', '.join(map(str, inputs))}: no text to tokenize")
+        return writer.finish()
+    finally:
+        writer.abort()
+
+
+def check_inputs(inputs: Sequence[Path]) -> None:
     for path in inputs:
         if not path.is_file():
             raise InputError(f"{path}: no such input file")
-    dtype = token_dtype(tokenizer.vocab_size)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    scratch = output.with_name(f".{output.name}.scratch-{os.getpid()}")
-    final_tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
-    try:
-        with h5py.File(scratch, "w") as raw:
-            tokens = _Appender(raw, "tokens", dtype)
-            offsets = _Appender(raw, "doc_offsets", np.dtype(np.uint64))
-            offsets.extend([0])
-            for path in inputs:
-                for doc in _documents(path):
-                    for piece in doc:
-                        tokens.extend(tokenizer.encode(piece))
-                    tokens.extend([tokenizer.eod_id])
-                    offsets.extend([tokens.length])
-            if tokens.length == 0:
-                raise InputError(f"{', '.join(map(str, inputs))}: no text to tokenize")
-            with h5py.File(final_tmp, "w") as out:
-                tokens.copy_contiguous(out)
-                offsets.copy_contiguous(out)
-                out.attrs.update(
-                    format=FORMAT_VERSION,
-                    tokenizer=tokenizer.name,
-                    vocab_size=tokenizer.vocab_size,
-                    eod_id=tokenizer.eod_id,
-                )
-        with final_tmp.open("rb+") as fh:
+
+
+class CorpusWriter:
+    """One HDF5 token file being written: tokens grow in blocks in a chunked scratch file (memory stays
+    bounded by the block), then :meth:`finish` copies them into a contiguous dataset of the final file,
+    written under a temporary name and renamed into place; :meth:`abort` removes what is left."""
+
+    def __init__(self, output: Path, tokenizer: Tokenizer) -> None:
+        self.output = output
+        self.tokenizer = tokenizer
+        output.parent.mkdir(parents=True, exist_ok=True)
+        self.scratch = output.with_name(f".{output.name}.scratch-{os.getpid()}")
+        self.final_tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+        self.raw: h5py.File | None = h5py.File(self.scratch, "w")
+        self._tokens = _Appender(self.raw, "tokens", token_dtype(tokenizer.vocab_size))
+        self._offsets = _Appender(self.raw, "doc_offsets", np.dtype(np.uint64))
+        self._offsets.extend([0])
+
+    @property
+    def tokens(self) -> int:
+        return self._tokens.length
+
+    def add(self, pieces: Iterable[str], progress: Callable[[int], None] | None = None) -> None:
+        """One document: its pieces' tokens, then end-of-document. ``progress`` hears each piece's length."""
+        for piece in pieces:
+            self._tokens.extend(self.tokenizer.encode(piece))
+            if progress is not None:
+                progress(len(piece))
+        self._tokens.extend([self.tokenizer.eod_id])
+        self._offsets.extend([self._tokens.length])
+
+    def finish(self) -> CorpusInfo:
+        if self.raw is None:
+            raise InputError(f"{self.output}: written already")
+        with h5py.File(self.final_tmp, "w") as out:
+            self._tokens.copy_contiguous(out)
+            self._offsets.copy_contiguous(out)
+            out.attrs.update(
+                format=FORMAT_VERSION,
+                tokenizer=self.tokenizer.name,
+                vocab_size=self.tokenizer.vocab_size,
+                eod_id=self.tokenizer.eod_id,
+            )
+        with self.final_tmp.open("rb+") as fh:
             os.fsync(fh.fileno())
-        final_tmp.replace(output)
-    finally:
-        scratch.unlink(missing_ok=True)
-        final_tmp.unlink(missing_ok=True)
-    info = inspect(output)
-    log.info("wrote %s: %d tokens, %d documents", output, info.tokens, info.documents)
-    return info
+        self.final_tmp.replace(self.output)
+        self.abort()
+        info = inspect(self.output)
+        log.info("wrote %s: %d tokens, %d documents", self.output, info.tokens, info.documents)
+        return info
+
+    def abort(self) -> None:
+        if self.raw is not None:
+            self.raw.close()
+            self.raw = None
+        self.scratch.unlink(missing_ok=True)
+        self.final_tmp.unlink(missing_ok=True)
 
 
 class _Appender:

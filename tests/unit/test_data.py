@@ -55,7 +55,7 @@ def test_prepare_streams_a_file_larger_than_one_block(tmp_path: Path, monkeypatc
     with h5py.File(out, "r") as fh:
         assert data.ByteTokenizer().decode(fh["tokens"][:-1].tolist()) == src.read_text()
         assert fh["doc_offsets"][:].tolist() == [0, len(src.read_bytes()) + 1]
-    pieces = list(next(data._documents(src)))
+    pieces = list(next(data.documents(src)))
     assert "".join(pieces) == src.read_text()
     assert all(p.endswith("\n") or len(p) >= 4 * 64 for p in pieces[:-1])
 
