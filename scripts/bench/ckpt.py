@@ -264,8 +264,11 @@ def worker(args: argparse.Namespace) -> None:
     from air_hpc.train.data import ByteTokenizer, prepare
 
     job = bench_job(args, Path(args.dir))
-    if args.rank == 0 and not job.data.path.exists():
-        prepare([REPO / "README.md", REPO / "configs" / "jobs" / "gpt-tiny-local.yaml"], job.data.path, ByteTokenizer())
+    corpus = job.data.path
+    if corpus is None:
+        raise SystemExit("ckpt.py: the bench job needs data.path (one corpus file)")
+    if args.rank == 0 and not corpus.exists():
+        prepare([REPO / "README.md", REPO / "configs" / "jobs" / "gpt-tiny-local.yaml"], corpus, ByteTokenizer())
     env = parallel.DistEnv(args.rank, args.ranks, args.rank, "127.0.0.1", args.port, "localhost")
     with contextlib.ExitStack() as stack:
         stack.enter_context(megatron_compat.cpu_patched())
