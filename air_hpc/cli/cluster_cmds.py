@@ -4,20 +4,48 @@ Both only read from Slurm (``scontrol show``, ``sinfo``, ``sacct``, ``sacctmgr``
 """
 
 import getpass
+import os
 from pathlib import Path
 
 import click
 
 from air_hpc.cli.options import echo_json, json_option, set_option, slurm_client
-from air_hpc.config import load_job
+from air_hpc.config import JobConfig, load_job
 from air_hpc.doctor.checks import Finding, cluster_findings, job_findings
+from air_hpc.doctor.container import container_findings, enroot_installed, pyxis_loaded
+from air_hpc.doctor.nccl import nccl_findings
+from air_hpc.doctor.node import NodeNetwork, read_node_network
 from air_hpc.doctor.profile import check_name, check_target, draft_profile, render_profile, write_profile
+from air_hpc.render import job_environment
+from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.cluster import ClusterFacts
 from air_hpc.slurm.survey import probe_cluster
 
 
-def _facts() -> ClusterFacts:
-    return probe_cluster(slurm_client(), getpass.getuser())
+def _facts(client: SlurmClient) -> ClusterFacts:
+    return probe_cluster(client, getpass.getuser())
+
+
+def _on_compute_node() -> bool:
+    """Inside a Slurm allocation the node doctor reads is one the job's ranks would run on."""
+    return "SLURM_JOB_ID" in os.environ
+
+
+def _node_findings(job: JobConfig, node: NodeNetwork, client: SlurmClient) -> list[Finding]:
+    """The job's NCCL settings and container against the node doctor runs on."""
+    here = _on_compute_node()
+    found = nccl_findings(job_environment(job), node, job.hardware.device, here)
+    if job.container is not None:
+        found += container_findings(job, pyxis_loaded(client), enroot_installed(), node.host, here)
+    return found
+
+
+def _describe_node(node: NodeNetwork) -> str:
+    up = ", ".join(i.name for i in node.interfaces if i.up) or "none up"
+    ports = ", ".join(
+        f"{p.device}:{p.port} {'ACTIVE' if p.active else 'down'} ({'RoCE' if p.roce else 'IB'})" for p in node.ports
+    )
+    return f"node         {node.host}: interfaces {up}; RDMA {ports or 'none'}"
 
 
 def _limit(value: int | None, unit: str = "") -> str:
@@ -73,15 +101,18 @@ def doctor(job_file: str | None, overrides: tuple[str, ...], as_json: bool) -> N
     job = None
     if job_file:
         job = load_job(job_file, overrides)
-    facts = _facts()
+    client = slurm_client()
+    facts = _facts(client)
+    node = read_node_network()
     part = facts.partition(job.cluster.partition) if job else None
     findings: list[Finding] = cluster_findings(facts, part.name if part else None)
     if job is not None:
-        findings += job_findings(job, facts)
+        findings += job_findings(job, facts) + _node_findings(job, node, client)
     errors = [f for f in findings if f.severity == "error"]
     if as_json:
         data = {
             "cluster": facts.to_json(),
+            "node": node.to_json(),
             "job_file": job_file,
             "findings": [f.to_json() for f in findings],
             "ok": not errors,
@@ -90,6 +121,7 @@ def doctor(job_file: str | None, overrides: tuple[str, ...], as_json: bool) -> N
     else:
         for line in _describe(facts):
             click.echo(line)
+        click.echo(_describe_node(node))
         if job_file:
             verdict = f"{len(errors)} error(s)" if errors else "nothing this cluster cannot honour"
             click.echo(f"job          {job_file}: {verdict}")
@@ -119,7 +151,8 @@ def init(name: str, output: Path | None, partition: str | None, account: str | N
     """Draft configs/clusters/NAME.yaml from what `air-hpc doctor` finds here, for you to review."""
     path = output or Path("configs") / "clusters" / f"{check_name(name)}.yaml"
     check_target(path, force)
-    facts = _facts()
-    profile = draft_profile(facts, partition, account)
-    written = write_profile(path, render_profile(facts, profile), force)
+    facts = _facts(slurm_client())
+    node = read_node_network()
+    profile = draft_profile(facts, partition, account, node)
+    written = write_profile(path, render_profile(facts, profile, node), force)
     click.echo(f"wrote {written}: review it, then use `cluster: {name}` in a job file")

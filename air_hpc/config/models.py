@@ -76,6 +76,11 @@ class ClusterConfig(Section):
         allow_inf_nan=False,
         description="Price of one GPU-hour on this cluster, for `air-hpc fleet report` (wins over the hardware's).",
     )
+    nccl_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="This site's NCCL settings (interfaces, HCAs, GID index; `air-hpc cluster init` reads them "
+        "off a node); win over the hardware profile's, lose to the job's env.",
+    )
 
 
 class HardwareConfig(Section):

@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from air_hpc.doctor.nccl import suggested_nccl_env
+from air_hpc.doctor.node import NodeNetwork
 from air_hpc.errors import UserError
 from air_hpc.slurm.cluster import ClusterFacts
 
@@ -25,8 +27,10 @@ def check_name(name: str) -> str:
     return name
 
 
-def draft_profile(facts: ClusterFacts, partition: str | None = None, account: str | None = None) -> dict[str, Any]:
-    """The keys of a cluster profile: partition (given, else the default), account, topology file."""
+def draft_profile(
+    facts: ClusterFacts, partition: str | None = None, account: str | None = None, node: NodeNetwork | None = None
+) -> dict[str, Any]:
+    """The keys of a cluster profile: partition (given, else the default), account, topology file, NCCL settings."""
     part = facts.partition(partition)
     if part is None:
         names = ", ".join(p.name for p in facts.partitions) or "none"
@@ -38,10 +42,24 @@ def draft_profile(facts: ClusterFacts, partition: str | None = None, account: st
         profile["account"] = chosen_account
     if facts.topology.plugin is not None and facts.topology.file is not None:
         profile["topology_file"] = str(facts.topology.file)
+    nccl = suggested_nccl_env(node) if node is not None else {}
+    if nccl:
+        profile["nccl_env"] = nccl
     return profile
 
 
-def _comments(facts: ClusterFacts, profile: dict[str, Any]) -> list[str]:
+def _nccl_comment(profile: dict[str, Any], node: NodeNetwork | None) -> list[str]:
+    if node is None:
+        return []
+    read = f"nccl_env: read off {node.host}'s interfaces and RDMA ports"
+    if not node.ports:
+        read += "; it has no RDMA device, so NCCL_IB_HCA is not set (NCCL would use TCP between nodes)"
+    if "nccl_env" not in profile:
+        read += "; nothing to set"
+    return [read + ". Run `cluster init` on a compute node (inside an allocation) where it differs from this one."]
+
+
+def _comments(facts: ClusterFacts, profile: dict[str, Any], node: NodeNetwork | None = None) -> list[str]:
     s = facts.settings
     part = facts.partition(profile["partition"])
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -62,6 +80,7 @@ def _comments(facts: ClusterFacts, profile: dict[str, Any]) -> list[str]:
         lines.append("account: none found (no accounting, or no default account); set it if your site needs one")
     if "topology_file" not in profile:
         lines.append(f"topology_file: not set ({facts.topology.detail}); `air-hpc topo import` can write one")
+    lines += _nccl_comment(profile, node)
     if s.preemption_enabled:
         mode = (part.preempt_mode if part else None) or s.preempt_mode
         grace = part.grace_time_s if part else 0
@@ -76,8 +95,8 @@ def _comments(facts: ClusterFacts, profile: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render_profile(facts: ClusterFacts, profile: dict[str, Any]) -> str:
-    header = "".join(f"# {line}\n" for line in _comments(facts, profile))
+def render_profile(facts: ClusterFacts, profile: dict[str, Any], node: NodeNetwork | None = None) -> str:
+    header = "".join(f"# {line}\n" for line in _comments(facts, profile, node))
     return header + yaml.safe_dump(profile, sort_keys=False)
 
 

@@ -74,12 +74,13 @@ class SbatchSpec:
 
 
 def job_environment(job: JobConfig) -> dict[str, str]:
-    """Environment per hardware profile, then derived settings, then the user's ``env:`` (which wins)."""
+    """Environment per hardware profile, the site's NCCL settings, derived ones, then the job's ``env:`` (wins)."""
     hw = job.hardware
     env: dict[str, str] = {}
     if hw.hcas:
         env["NCCL_IB_HCA"] = "=" + ",".join(hw.hcas)
     env.update(hw.nccl_env)
+    env.update(job.cluster.nccl_env)
     if hw.device == "cuda":
         env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
         if job.parallel.tp > 1:

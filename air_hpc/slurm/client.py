@@ -472,6 +472,10 @@ class SlurmClient:
         """The release of Slurm's commands (``scontrol --version``; no daemon is asked, slurm.conf must be readable)."""
         return parse_version(self.run(["scontrol", "--version"], retry=retry).stdout)
 
+    def srun_help(self) -> str:
+        """srun's options, those of SPANK plugins (pyxis) included; read-only, it starts nothing."""
+        return self.run(["srun", "--help"], retry=ONCE, check=False).stdout
+
     def partitions(self, *, retry: RetryPolicy = PATIENT) -> tuple[Partition, ...]:
         """Every partition with its limits, default flag and GraceTime (``scontrol show partition``)."""
         return parse_partitions(self.run(list(PARTITION_ARGS), retry=retry).stdout)

@@ -105,6 +105,8 @@ class FakeSlurm(SlurmClient):
         """Whether slurmdbd answers (``sacct``, ``sacctmgr``); slurmctld may answer while it does not."""
         self.version_line = "slurm 25.05.8"
         """What ``scontrol --version`` prints."""
+        self.pyxis = False
+        """Whether srun has pyxis's SPANK options (``srun --help`` lists ``--container-image``)."""
 
     # Driving the fake cluster.
 
@@ -154,6 +156,7 @@ class FakeSlurm(SlurmClient):
             "scancel": self._scancel,
             "sinfo": self._sinfo,
             "sacctmgr": self._sacctmgr,
+            "srun": self._srun_help,
         }[args[0]]
         return handler(args)
 
@@ -306,6 +309,10 @@ class FakeSlurm(SlurmClient):
         elif not job.state.terminal:
             job.state = JobState.CANCELLED
         return self._done(args)
+
+    def _srun_help(self, args: list[str]) -> subprocess.CompletedProcess[str]:
+        plugin = "\nOptions provided by plugins:\n      --container-image=[USER@][REGISTRY#]IMAGE[:TAG]|PATH\n"
+        return self._done(args, out="Usage: srun [OPTIONS(0)...]\n" + (plugin if self.pyxis else ""))
 
     def _sinfo(self, args: list[str]) -> subprocess.CompletedProcess[str]:
         if self._option(args, "format") != "%R|%D|%c|%m|%G":

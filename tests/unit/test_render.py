@@ -80,7 +80,8 @@ def check_golden(name: str, text: str) -> None:
 
 @pytest.mark.parametrize("job_file", JOBS, ids=lambda p: p.stem)
 def test_example_jobs_match_golden(job_file: Path) -> None:
-    check_golden(job_file.stem, render_for([], job_file=job_file))
+    # The batch shell's own Python, outside any container: unset, it is the one running the tests.
+    check_golden(job_file.stem, render_for(["cluster.python=/shared/air-hpc/bin/python"], job_file=job_file))
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))

@@ -4,10 +4,13 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from air_hpc.cli.main import cli, main
 from air_hpc.config import load_job
 from air_hpc.doctor.checks import cluster_findings, job_findings
+from air_hpc.doctor.nccl import suggested_nccl_env
+from air_hpc.doctor.node import read_node_network
 from air_hpc.errors import ConfigError, SlurmError
 from air_hpc.slurm.cluster import (
     gpus_in_gres,
@@ -290,6 +293,49 @@ def test_cluster_init_writes_a_profile_the_loader_reads(tmp_path: Path, monkeypa
     assert (job.cluster.name, job.cluster.partition, job.cluster.account) == ("hpc1", "gpu", None)
     assert "account: none found (no accounting" in text
     assert job.cluster.topology_file is None  # the controller's topology.conf is not readable from here
+
+
+def test_doctor_checks_the_presets_nccl_settings_against_this_node() -> None:
+    """The H100 preset names bond0 and mlx5_* devices: doctor says what this machine has instead."""
+    node = read_node_network()
+    if any(i.up and i.name.startswith("bond0") for i in node.interfaces):
+        pytest.skip("this machine has a bond0 interface")
+    sets = [a for o in (*GPU_JOB, "cluster.partition=gpu") for a in ("--set", o)]
+    code, out = run_cli(["doctor", str(TESTBED_JOB), *sets], FakeSlurm(cluster=recorded("gpu-preempt")))
+    assert code == 0, out  # outside an allocation this node may not be a compute node: warnings
+    assert f"node         {node.host}: interfaces " in out
+    assert "warning  NCCL_SOCKET_IFNAME: '=bond0' selects no interface that is up" in out
+    _, out = run_cli(["doctor", "--json", str(TESTBED_JOB), *sets], FakeSlurm(cluster=recorded("gpu-preempt")))
+    data = json.loads(out)
+    assert data["node"]["host"] == node.host
+    assert "NCCL_SOCKET_IFNAME" in {f["key"] for f in data["findings"]}
+
+
+def test_doctor_refuses_a_container_job_without_pyxis() -> None:
+    sets = [
+        a
+        for o in (*GPU_JOB, "cluster.partition=gpu", "container.image=nvcr.io/nvidia/pytorch:25.01-py3")
+        for a in ("--set", o)
+    ]
+    fake = FakeSlurm(cluster=recorded("gpu-preempt"))
+    code, out = run_cli(["doctor", str(TESTBED_JOB), *sets], fake)
+    assert code == 1
+    assert "error    container.image: srun here has no --container-image: the pyxis SPANK plugin is not loaded" in out
+    assert ["srun", "--help"] in fake.calls
+    fake = FakeSlurm(cluster=recorded("gpu-preempt"))
+    fake.pyxis = True
+    _, out = run_cli(["doctor", str(TESTBED_JOB), *sets], fake)
+    assert "pyxis SPANK plugin" not in out
+
+
+def test_cluster_init_writes_this_nodes_nccl_settings(tmp_path: Path) -> None:
+    target = tmp_path / "site.yaml"
+    code, out = run_cli(["cluster", "init", "site", "-o", str(target)], FakeSlurm(cluster=recorded("testbed")))
+    assert code == 0, out
+    node = read_node_network()
+    written = yaml.safe_load(target.read_text())
+    assert written.get("nccl_env", {}) == suggested_nccl_env(node)
+    assert f"nccl_env: read off {node.host}'s interfaces and RDMA ports" in target.read_text()
 
 
 def test_cluster_init_refuses_to_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
