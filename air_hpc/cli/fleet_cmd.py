@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from air_hpc.cli.options import echo_json, json_option, slurm_client
+from air_hpc.cli.options import echo_json, json_option, slurm_client, state_dir_option
 
 if TYPE_CHECKING:
     from air_hpc.fleet.report import FleetReport
@@ -189,3 +189,83 @@ def metrics(
         click.echo("stopped")
     finally:
         stop()
+
+
+def _say(line: str) -> None:
+    """A progress line on stderr (stdout keeps the summary, or the JSON)."""
+    click.echo(f"simulate: {line}", err=True)
+
+
+def _tenants_testbed(state_dir: Path) -> tuple[Any, dict[str, Any]]:
+    """The testbed at ``state_dir``, brought up with tenants if it is down; one running without them is refused."""
+    from air_hpc.errors import UserError
+    from air_hpc.testbed import Testbed
+    from air_hpc.testbed.conf import Settings
+
+    bed = Testbed(state_dir)
+    info = bed.status()
+    if not info["up"]:
+        _say(f"bringing up a tenants testbed in {bed.layout.root}")
+        return bed, bed.up(settings=Settings(tenants=True, preempt_by="qos"))
+    settings = info["settings"]
+    if not settings.get("tenants") or settings.get("preempt_by") != "qos":
+        raise UserError(
+            f"testbed in {bed.layout.root} runs without tenants and QOS preemption; `air-hpc testbed down "
+            f"--state-dir {bed.layout.root}` then `air-hpc testbed up --tenants --state-dir {bed.layout.root}`"
+        )
+    return bed, info
+
+
+@fleet.command()
+@click.option("--jobs", "job_count", type=int, required=True, help="Jobs in the workload (at least 6).")
+@click.option("--seed", type=int, default=1, show_default=True, help="Seed of the workload's mix and timing.")
+@state_dir_option
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("ground_truth.json"),
+    show_default=True,
+    help="Where the ground truth goes: every job's account, QOS, submit/start/end, preemptions, failures injected.",
+)
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("runs/fleet-sim"),
+    show_default=True,
+    help="Directory for the trainings' run directories (and their corpus).",
+)
+@click.option("--timeout-s", type=click.FloatRange(min=1), default=1800, show_default=True, help="Give up after.")
+@json_option
+def simulate(
+    job_count: int, seed: int, state_dir: Path, out: Path, root: Path, timeout_s: float, as_json: bool
+) -> None:
+    """Run a seeded mixed workload on the testbed and wait for it; write its ground truth.
+
+    gpt-tiny trainings of three tenants at different QOS, `high` jobs that preempt the `scavenger` ones
+    (which save, requeue and resume), short jobs of other users, and injected failures. Exit 1 when
+    something did not happen as planned (the ground truth says what, per job).
+    """
+    from air_hpc.cli.chaos_cmd import sigterm_interrupts
+    from air_hpc.errors import UserError
+    from air_hpc.fleet.simulate import check_plan_fits, plan_workload, simulate, write_truth
+    from air_hpc.testbed.cluster import CLUSTER_NAME
+
+    planned = plan_workload(job_count, seed)  # bad input fails before the testbed starts
+    if out.parent and not out.parent.is_dir():
+        raise UserError(f"--out {out}: no directory {out.parent}")
+    bed, info = _tenants_testbed(state_dir)
+    check_plan_fits(planned, len(info["nodes"]))
+    with sigterm_interrupts():
+        truth = simulate(job_count, seed, bed.client(), root, len(info["nodes"]), CLUSTER_NAME, timeout_s, _say)
+    write_truth(truth, out)
+    if as_json:
+        echo_json(truth)
+    else:
+        for job in truth["jobs"]:
+            mark = "ok" if job["ok"] else f"expected {job['expected']}, saw {job['observed']}"
+            click.echo(
+                f"{job['job_id']:>8}  {job['account']:<9} {job['qos']:<9} {job['kind']:<10} {job['name']}  {mark}"
+            )
+        click.echo(f"ground truth: {out}")
+    if not truth["ok"]:
+        click.get_current_context().exit(1)

@@ -7,6 +7,7 @@ One tenants testbed for the module (4 nodes on two leaves: quotas research 3, pr
 
 import json
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,12 +23,12 @@ from air_hpc.records.jsonl import read_jsonl
 from air_hpc.records.metrics import read_metrics
 from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.client import SlurmClient
-from air_hpc.slurm.jobs import JobState
+from air_hpc.slurm.jobs import JobState, slurm_epoch
 from air_hpc.slurm.reasons import plain_reason
 from air_hpc.testbed import Testbed
 from air_hpc.testbed.conf import Settings
 from air_hpc.train import data
-from tests.integration.test_jobs_testbed import PAYLOAD, cli, submit_payload, wait_state
+from tests.integration.test_jobs_testbed import AIR_HPC, PAYLOAD, cli, submit_payload, wait_state
 from tests.integration.waiting import wait_ended, wait_for
 
 pytestmark = pytest.mark.integration
@@ -175,3 +176,56 @@ def test_a_high_job_preempts_a_scavenger_run_which_saves_requeues_once_and_resum
     # Before 24.05 the batch script requeues the preempted job itself, and accounting records that as REQUEUED.
     first = "PREEMPTED" if preempted["requeue_by"] == "slurm" else "REQUEUED"
     assert accounted == [f"{first}|research|scavenger", "COMPLETED|research|scavenger"]
+
+
+def sacct_rows(client: SlurmClient, job_ids: list[str]) -> dict[str, list[dict[str, str]]]:
+    fields = ["JobIDRaw", "User", "Account", "QOS", "State", "Submit", "Start"]
+    out = client.run(
+        ["sacct", "-a", "-X", "-P", "-n", "--duplicates", "-j", ",".join(job_ids), "-o", ",".join(fields)]
+    ).stdout
+    rows: dict[str, list[dict[str, str]]] = {}
+    for line in out.splitlines():
+        row = dict(zip(fields, line.split("|"), strict=True))
+        rows.setdefault(row["JobIDRaw"], []).append(row)
+    return rows
+
+
+def test_a_simulated_workload_happens_as_planned_and_its_ground_truth_agrees_with_sacct(
+    tenants_bed: SimpleNamespace, tmp_path: Path
+) -> None:
+    out = tmp_path / "truth.json"
+    argv = ["fleet", "simulate", "--jobs", "7", "--seed", "3", "--out", str(out), "--root", str(tmp_path / "runs")]
+    state = ["--state-dir", str(tenants_bed.testbed.layout.root)]
+    result = subprocess.run(
+        [AIR_HPC, *argv, *state], env={**os.environ, **tenants_bed.env}, capture_output=True, text=True, timeout=900
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    truth = json.loads(out.read_text())
+    assert truth["ok"] and truth["seed"] == 3 and truth["job_count"] == 7
+    jobs = {job["name"]: job for job in truth["jobs"]}
+    ids = [job["job_id"] for job in truth["jobs"]]
+    final = {"COMPLETED", "FAILED", "CANCELLED"}
+    wait_for(
+        "accounting of every job",
+        lambda: (
+            all(rows[-1]["State"].split()[0] in final for rows in sacct_rows(tenants_bed.client, ids).values())
+            and len(sacct_rows(tenants_bed.client, ids)) == len(ids)
+        ),
+        timeout_s=60,
+        poll_s=1,
+    )
+    accounted = sacct_rows(tenants_bed.client, ids)
+    for job in truth["jobs"]:
+        rows = accounted[job["job_id"]]
+        assert {(r["User"], r["Account"], r["QOS"]) for r in rows} == {(job["user"], job["account"], job["qos"])}
+        assert len(rows) == 1 + job["observed"]["requeues"], job["name"]
+        assert rows[-1]["State"].split()[0] == job["expected"]["state"], job["name"]
+        assert abs(slurm_epoch(rows[0]["Submit"]) - job["submit_s"]) <= 2, "Slurm's Submit is whole seconds"
+    (victim,) = [job for job in truth["jobs"] if job["qos"] == "scavenger"]
+    (preemptor,) = [job for job in truth["jobs"] if job["kind"] == "preemptor"]
+    assert victim["observed"]["preemptions"] == 1 and victim["preempted_by"] == [preemptor["job_id"]]
+    first, second = victim["starts"]
+    assert first["start_s"] < preemptor["start_s"] < second["start_s"], "preempted, then restarted after"
+    assert {job["user"] for job in truth["jobs"] if job["kind"] != "training"} & {"nobody", "daemon"}
+    assert jobs and truth["totals"]["research"]["preemptions"] == 1
+    assert sum(t["failures"]["application"] for t in truth["totals"].values()) == 1
