@@ -8,10 +8,13 @@ against a baseline measured in the same run.
    reading the same three Megatron ``.bin``/``.idx`` corpora in place with the same weights.
    Also megatron-core's token fetch alone (``_query_document_sample_shuffle_indices``), without
    the masks and labels ``__getitem__`` builds. Target >= 1.0 against ``BlendedDataset``.
-2. Loader time as a share of step time: gpt-tiny (one CPU rank, TP1 PP1, the real ``StepRunner``)
-   on a 3-source blend of 64 HDF5 shards. Target <= 2 %.
+2. Loader time as a share of step time: gpt-tiny (one CPU rank, TP1 PP1, the real ``StepRunner``,
+   ``data.read_ahead`` as configured, on by default) on a 3-source blend of 64 HDF5 shards.
+   Target <= 2 %.
+3. ``data prepare`` throughput (input MB/s) with one worker per core vs one worker, same inputs,
+   same shards. Target close to the core count.
 
-    python scripts/bench/data.py [--samples 4000] [--steps 20]
+    python scripts/bench/data.py [--samples 4000] [--steps 20] [--prepare-mb 24]
 """
 
 import argparse
@@ -178,15 +181,44 @@ def loader_share(tmp: Path, steps: int) -> None:
     )
 
 
+def prepare_speedup(tmp: Path, megabytes: int) -> None:
+    """Tokenize the same inputs (copies of the project's text) with one worker and with every core."""
+    from air_hpc.train import data
+    from air_hpc.train.prepare import prepare_sharded
+
+    text = "".join(p.read_text() for p in data.project_sources())
+    copies = max(1, (megabytes << 20) // len(text) // 8)
+    inputs = []
+    for i in range(8):
+        path = tmp / "prepare-in" / f"{i}.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text * copies)
+        inputs.append(path)
+    size = sum(p.stat().st_size for p in inputs)
+    cores = os.cpu_count() or 1
+    seconds = {}
+    for workers in (1, cores):
+        started = time.perf_counter()
+        prepare_sharded(inputs, tmp / f"prepare-{workers}", "byte", 1 << 22, workers, group_bytes=size // 8)
+        seconds[workers] = time.perf_counter() - started
+    print(
+        f"data prepare of {size / 2**20:.0f} MB in 8 groups: 1 worker {size / 2**20 / seconds[1]:.1f} MB/s, "
+        f"{cores} workers {size / 2**20 / seconds[cores]:.1f} MB/s, speedup {seconds[1] / seconds[cores]:.2f} "
+        f"(target close to {cores}, the core count)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=4000, help="samples read by each loader")
     parser.add_argument("--steps", type=int, default=20, help="timed gpt-tiny steps")
+    parser.add_argument("--prepare-mb", type=int, default=24, help="input text for the prepare benchmark")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as tmp:
         loader_vs_megatron(Path(tmp), args.samples)
         loader_share(Path(tmp), args.steps)
+        prepare_speedup(Path(tmp), args.prepare_mb)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """A weighted blend of sharded sources trains for real (gpt-tiny, 4 CPU ranks, Megatron-core), resumes bit for
 bit after a preemption, and resumes onto another data-parallel size reading the same samples."""
 
+import itertools
 import shutil
 import signal
 import time
@@ -114,3 +115,40 @@ def test_a_blend_resumed_on_another_data_parallel_size_reads_the_same_samples(
         assert got[step] == pytest.approx(want[step], rel=1e-4), (step, got, want)
     log = run_dir.rank_log(0).read_text()
     assert "data starting with data.blend.0.path 19 samples, data.blend.1.path 10 samples, data.blend.2.path 3" in log
+
+
+def test_a_megatron_corpus_trains_like_its_hdf5_conversion_bit_for_bit(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The project's text tokenized once, written by megatron-core's own IndexedDatasetBuilder (one
+    document per file, EOD last, as its preprocess_data writes them), read in place; its conversion by
+    `air-hpc data convert` holds the same tokens, and the two train to the same losses bit for bit."""
+    import h5py
+    import numpy as np
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    from air_hpc.cli.main import main
+
+    corpus = data.prepare(data.project_sources(), tmp_path / "corpus.h5", data.ByteTokenizer()).path
+    with h5py.File(corpus, "r") as fh:
+        tokens, offsets = fh["tokens"][:], fh["doc_offsets"][:]
+    prefix = tmp_path / "megatron" / "corpus"
+    prefix.parent.mkdir()
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.uint16)
+    for start, end in itertools.pairwise(offsets):
+        builder.add_document(torch.from_numpy(tokens[start:end].astype(np.int64)), [int(end - start)])
+    builder.finalize(f"{prefix}.idx")
+    converted = tmp_path / "converted.h5"
+    argv = ["data", "convert", f"{prefix}.idx", "-o", str(converted), "--tokenizer-name", "byte"]
+    main([*argv, "--vocab-size", "257", "--eod-id", "256"])
+    with h5py.File(converted, "r") as fh:
+        assert fh["tokens"][:].tobytes() == Path(f"{prefix}.bin").read_bytes() == tokens.tobytes()
+        assert np.array_equal(fh["doc_offsets"][:], offsets)
+    root = tmp_path_factory.mktemp("indexed")
+    indexed_run, handle = submit(root, [f"data.path={prefix}"], "indexed", "train.steps=4")
+    assert [r.exit_code for r in handle.results()] == [ExitCode.OK] * 4
+    hdf5_run, handle = submit(root, [f"data.path={converted}"], "converted", "train.steps=4")
+    assert [r.exit_code for r in handle.results()] == [ExitCode.OK] * 4
+    assert sorted(losses(indexed_run)) == [1, 2, 3, 4]
+    assert losses(indexed_run) == losses(hdf5_run)
