@@ -182,7 +182,14 @@ def loader_share(tmp: Path, steps: int) -> None:
 
 
 def prepare_speedup(tmp: Path, megabytes: int) -> None:
-    """Tokenize the same inputs (copies of the project's text) with one worker and with every core."""
+    """Tokenize the same inputs (copies of the project's text) with one worker and with every core.
+
+    Wall time gives the speedup; the workers' CPU seconds (``RUSAGE_CHILDREN``) say what the
+    parallel run costs beyond the serial one, which on a machine shared with other work is what
+    bounds the speedup once the cores are busy elsewhere.
+    """
+    import resource
+
     from air_hpc.train import data
     from air_hpc.train.prepare import prepare_sharded
 
@@ -195,16 +202,21 @@ def prepare_speedup(tmp: Path, megabytes: int) -> None:
         path.write_text(text * copies)
         inputs.append(path)
     size = sum(p.stat().st_size for p in inputs)
-    cores = os.cpu_count() or 1
-    seconds = {}
+    cores = len(os.sched_getaffinity(0))
+    wall, cpu = {}, {}
     for workers in (1, cores):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         prepare_sharded(inputs, tmp / f"prepare-{workers}", "byte", 1 << 22, workers, group_bytes=size // 8)
-        seconds[workers] = time.perf_counter() - started
+        wall[workers] = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu[workers] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    mb = size / 2**20
     print(
-        f"data prepare of {size / 2**20:.0f} MB in 8 groups: 1 worker {size / 2**20 / seconds[1]:.1f} MB/s, "
-        f"{cores} workers {size / 2**20 / seconds[cores]:.1f} MB/s, speedup {seconds[1] / seconds[cores]:.2f} "
-        f"(target close to {cores}, the core count)"
+        f"data prepare of {mb:.0f} MB in 8 groups: 1 worker {mb / wall[1]:.2f} MB/s, {cores} workers "
+        f"{mb / wall[cores]:.2f} MB/s, speedup {wall[1] / wall[cores]:.2f} (target close to {cores}, the core count); "
+        f"worker CPU {cpu[1]:.1f} s vs {cpu[cores]:.1f} s (ratio {cpu[cores] / cpu[1]:.2f}), "
+        f"load average {os.getloadavg()[0]:.1f} on {cores} cores"
     )
 
 

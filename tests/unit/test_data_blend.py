@@ -300,3 +300,19 @@ def test_read_ahead_gives_the_same_batches_read_before_they_are_asked_for(three:
     assert all(key[0] >= 52 for key in fresh._pending), "batches of finished steps are forgotten"
     for samples in (plain, ahead, fresh):
         samples.close()
+
+
+def test_submit_refuses_a_bad_blend_before_anything_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = write_shard(tmp_path / "a.h5", np.arange(100))
+    job = yaml.safe_load((REPO / "configs" / "jobs" / "gpt-tiny-local.yaml").read_text())
+    job["data"] = {"blend": [{"path": str(a), "weight": 1}, {"path": str(tmp_path / "none" / "*.h5"), "weight": 1}]}
+    job["run"]["root"] = str(tmp_path / "runs")
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(job))
+    with pytest.raises(SystemExit) as info:
+        main(["submit", str(job_file), "--executor", "local"])
+    err = capsys.readouterr().err.splitlines()
+    assert info.value.code == 2 and err == [
+        f"error: data.blend.1.path: {tmp_path}/none/*.h5 matches no HDF5 (.h5, .hdf5) or Megatron (.bin/.idx) shard"
+    ]
+    assert not (tmp_path / "runs").exists(), "no run directory, nothing started"
