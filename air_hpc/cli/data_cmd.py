@@ -189,14 +189,22 @@ def _print_report(described: dict[str, Any]) -> None:
 def convert(source: Path, output: Path, tokenizer_name: str | None, vocab_size: int | None, eod_id: int | None) -> None:
     """Convert SOURCE between formats, tokens and documents bit for bit: an HDF5 token file (.h5) becomes a
     Megatron corpus OUTPUT.bin/OUTPUT.idx (written by megatron-core's IndexedDatasetBuilder, plus OUTPUT.json
-    with the tokenizer); a Megatron corpus (PREFIX, PREFIX.bin or PREFIX.idx) becomes an HDF5 file."""
-    from air_hpc.data.convert import Vocabulary, to_hdf5, to_indexed
-    from air_hpc.data.shards import HDF5_SUFFIXES, INDEXED_SUFFIXES
+    with the tokenizer); a Megatron corpus (PREFIX, PREFIX.bin or PREFIX.idx) becomes an HDF5 file. A
+    directory or glob of shards becomes the same shards in the other format under the directory OUTPUT."""
+    from air_hpc.data.convert import Vocabulary, convert_shards, to_hdf5, to_indexed
+    from air_hpc.data.shards import HDF5_SUFFIXES, INDEXED_SUFFIXES, expand, is_glob
     from air_hpc.errors import InputError
 
     given = [v is not None for v in (tokenizer_name, vocab_size, eod_id)]
     if any(given) and not all(given):
         raise InputError("data convert: give --tokenizer-name, --vocab-size and --eod-id together")
+    vocab = (
+        Vocabulary(tokenizer_name, vocab_size, eod_id) if tokenizer_name and vocab_size and eod_id is not None else None
+    )
+    if is_glob(source) or source.is_dir():
+        written = convert_shards(expand(source, "data convert"), output, vocab)
+        click.echo(f"{output}: {len(written)} shards converted")
+        return
     if source.suffix in HDF5_SUFFIXES:
         if any(given):
             raise InputError("data convert: an HDF5 file records its tokenizer; --tokenizer-name and co. are for .idx")
@@ -204,7 +212,4 @@ def convert(source: Path, output: Path, tokenizer_name: str | None, vocab_size: 
         click.echo(f"{prefix}.bin, {prefix}.idx, {prefix}.json")
         return
     prefix = source.with_suffix("") if source.suffix in INDEXED_SUFFIXES else source
-    vocab = (
-        Vocabulary(tokenizer_name, vocab_size, eod_id) if tokenizer_name and vocab_size and eod_id is not None else None
-    )
     click.echo(str(to_hdf5(prefix, output, vocab)))

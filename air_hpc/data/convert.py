@@ -21,7 +21,7 @@ import h5py
 import numpy as np
 
 from air_hpc.data import hdf5
-from air_hpc.data.shards import describe, read_index, sidecar
+from air_hpc.data.shards import describe, kind_of, read_index, sidecar
 from air_hpc.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -133,3 +133,15 @@ def _durable_rename(tmp: Path, final: Path) -> None:
     with tmp.open("rb+") as fh:
         os.fsync(fh.fileno())
     tmp.replace(final)
+
+
+def convert_shards(shards: list[Path], out_dir: Path, vocab: Vocabulary | None) -> list[Path]:
+    """Each shard into the other format under ``out_dir``, named after it: ``x.h5`` -> ``x.bin``/``x.idx``,
+    Megatron ``x`` -> ``x.h5``."""
+    written = []
+    for shard in shards:
+        if kind_of(shard) == "hdf5":
+            written.append(to_indexed(shard, out_dir / shard.stem))
+        else:
+            written.append(to_hdf5(shard, out_dir / f"{shard.name}.h5", vocab))
+    return written

@@ -126,3 +126,16 @@ def test_a_broken_index_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "bad.bin").write_bytes(b"")
     with pytest.raises(InputError, match=r"bad\.idx: not a Megatron indexed dataset"):
         describe(tmp_path / "bad")
+
+
+def test_a_directory_of_shards_converts_shard_by_shard(tmp_path: Path, docs: list[list[int]]) -> None:
+    (tmp_path / "mega").mkdir()
+    for i in range(3):
+        megatron_corpus(tmp_path / "mega" / f"part-{i}", docs[i::3])
+    argv = ["data", "convert", str(tmp_path / "mega"), "-o", str(tmp_path / "h5")]
+    main([*argv, "--tokenizer-name", "byte", "--vocab-size", "257", "--eod-id", "256"])
+    assert sorted(p.name for p in (tmp_path / "h5").iterdir()) == ["part-0.h5", "part-1.h5", "part-2.h5"]
+    main(["data", "convert", str(tmp_path / "h5" / "*.h5"), "-o", str(tmp_path / "again")])
+    for i in range(3):
+        again = Path(f"{tmp_path}/again/part-{i}.bin").read_bytes()
+        assert again == Path(f"{tmp_path}/mega/part-{i}.bin").read_bytes()
