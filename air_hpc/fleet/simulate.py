@@ -20,6 +20,7 @@ import logging
 import os
 import random
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Callable
@@ -43,6 +44,9 @@ FAILURE_EXIT_CODE = 3
 TRAINING_STEPS = 6
 #: A scavenger training trains longer, so its preemptor (sent after its first step) finds it still training.
 VICTIM_STEPS = 40
+#: From this many jobs on, a rank of the ``ops`` training is killed after this step (past its first checkpoint).
+CRASH_FROM_JOBS = 8
+CRASH_AFTER_STEP = 6
 
 Kind = Literal["training", "preemptor", "short", "failure", "cancelled"]
 
@@ -63,6 +67,17 @@ class PlannedJob:
     """Preemptors: the training they preempt."""
     expected_preemptions: int = 0
     expected_state: str = "COMPLETED"
+    crash_after_step: int = 0
+    """Trainings: kill a rank (SIGKILL) once this step is trained (0: never); the job requeues and resumes."""
+
+    @property
+    def expected_requeues(self) -> int:
+        return self.expected_preemptions + (1 if self.crash_after_step else 0)
+
+    @property
+    def long(self) -> bool:
+        """A training something strikes trains longer, so that it is still training when it is struck."""
+        return bool(self.expected_preemptions or self.crash_after_step)
 
 
 def plan_workload(jobs: int, seed: int) -> tuple[PlannedJob, ...]:
@@ -84,6 +99,7 @@ def plan_workload(jobs: int, seed: int) -> tuple[PlannedJob, ...]:
             qos,
             "",
             expected_preemptions=1 if qos == "scavenger" else 0,
+            crash_after_step=CRASH_AFTER_STEP if i == 2 and jobs >= CRASH_FROM_JOBS else 0,
         )
         for i, (account, qos) in enumerate(tiers)
     ]
@@ -134,6 +150,8 @@ class Submitted:
     nodes: str = ""
     """Preemptors: the nodes they were pinned to (their victim's)."""
     cancelled_s: float | None = None
+    crashed: str = ""
+    """Trainings: the rank the simulation killed, and when (``SIGKILL rank 0 pid 123 on n2 at T``)."""
 
 
 class Workload:
@@ -183,11 +201,29 @@ class Workload:
             if not job.job_id and victim.job_id and _trained_a_step(victim.run_dir):
                 self._submit_preemptor(job, victim)
                 say(f"{job.planned.name}: job {job.job_id} preempts job {victim.job_id} on {job.nodes}")
+        for job in self._of("training"):
+            if (
+                job.planned.crash_after_step
+                and not job.crashed
+                and _trained(job.run_dir) >= job.planned.crash_after_step
+            ):
+                self._crash(job, say)
         for job in self._of("cancelled"):
             if job.job_id and job.cancelled_s is None and self._state(job) == JobState.RUNNING:
                 self.client.as_user(job.planned.user).scancel(job.job_id)  # its user cancels it
                 job.cancelled_s = time.time()
                 say(f"{job.planned.name}: cancelled job {job.job_id} while it ran")
+
+    def _crash(self, job: Submitted, say: Callable[[str], None]) -> None:
+        """SIGKILL one rank of the training (proved to be the job's by its environment, PID and start time)."""
+        from air_hpc.chaos.inject import rank_processes
+
+        ranks = rank_processes(job.job_id)
+        if not ranks:
+            return  # between starts: try again at the next poll
+        ranks[0].signal(signal.SIGKILL)
+        job.crashed = f"SIGKILL rank {ranks[0].rank} pid {ranks[0].pid} on {ranks[0].node} at {time.time():.3f}"
+        say(f"{job.planned.name}: {job.crashed}")
 
     def _submit_training(self, job: Submitted) -> None:
         from air_hpc.config.load import load_job
@@ -197,7 +233,7 @@ class Workload:
             f"run.name={job.planned.name}",
             f"run.root={self.root}",
             f"data.path={self.corpus}",
-            f"train.steps={VICTIM_STEPS if job.planned.expected_preemptions else TRAINING_STEPS}",
+            f"train.steps={VICTIM_STEPS if job.planned.long else TRAINING_STEPS}",
             "checkpoint.interval_steps=5",
             "resources.nodes=1",
             "resources.tasks_per_node=1",
@@ -274,6 +310,16 @@ def _trained_a_step(run_dir: Path | None) -> bool:
     from air_hpc.records.rundir import RunDir
 
     return run_dir is not None and RunDir(run_dir).metrics.is_file() and RunDir(run_dir).metrics.stat().st_size > 0
+
+
+def _trained(run_dir: Path | None) -> int:
+    """The last step the run recorded (0 before any)."""
+    from air_hpc.records.metrics import read_metrics
+    from air_hpc.records.rundir import RunDir
+
+    if run_dir is None:
+        return 0
+    return max((int(r.get("step", 0)) for r in read_metrics(RunDir(run_dir).metrics)), default=0)
 
 
 def simulate(

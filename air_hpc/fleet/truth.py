@@ -63,6 +63,8 @@ def _observed(job: "Submitted", marks: Path) -> tuple[list[dict[str, Any]], int]
 
 
 def _injected(job: "Submitted") -> dict[str, Any] | None:
+    if job.planned.crash_after_step:
+        return {"kind": "application", "how": job.crashed or "a rank was to be killed; it was not", "exit_code": None}
     if job.planned.kind == "failure":
         from air_hpc.fleet.simulate import FAILURE_EXIT_CODE
 
@@ -78,7 +80,7 @@ def job_truth(job: "Submitted", jobs: dict[str, "Submitted"], marks: Path) -> di
     victim = jobs[planned.victim].job_id if planned.victim else None
     expected = {
         "preemptions": planned.expected_preemptions,
-        "requeues": planned.expected_preemptions,
+        "requeues": planned.expected_requeues,
         "state": planned.expected_state,
     }
     observed = {"preemptions": preempted, "requeues": max(len(starts) - 1, 0), "state": job.state}

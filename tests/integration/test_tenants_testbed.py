@@ -194,14 +194,14 @@ def test_a_simulated_workload_happens_as_planned_and_its_ground_truth_agrees_wit
     tenants_bed: SimpleNamespace, tmp_path: Path
 ) -> None:
     out = tmp_path / "truth.json"
-    argv = ["fleet", "simulate", "--jobs", "7", "--seed", "3", "--out", str(out), "--root", str(tmp_path / "runs")]
+    argv = ["fleet", "simulate", "--jobs", "8", "--seed", "3", "--out", str(out), "--root", str(tmp_path / "runs")]
     state = ["--state-dir", str(tenants_bed.testbed.layout.root)]
     result = subprocess.run(
         [AIR_HPC, *argv, *state], env={**os.environ, **tenants_bed.env}, capture_output=True, text=True, timeout=900
     )
     assert result.returncode == 0, result.stdout + result.stderr
     truth = json.loads(out.read_text())
-    assert truth["ok"] and truth["seed"] == 3 and truth["job_count"] == 7
+    assert truth["ok"] and truth["seed"] == 3 and truth["job_count"] == 8
     jobs = {job["name"]: job for job in truth["jobs"]}
     ids = [job["job_id"] for job in truth["jobs"]]
     final = {"COMPLETED", "FAILED", "CANCELLED"}
@@ -228,4 +228,7 @@ def test_a_simulated_workload_happens_as_planned_and_its_ground_truth_agrees_wit
     assert first["start_s"] < preemptor["start_s"] < second["start_s"], "preempted, then restarted after"
     assert {job["user"] for job in truth["jobs"] if job["kind"] != "training"} & {"nobody", "daemon"}
     assert jobs and truth["totals"]["research"]["preemptions"] == 1
-    assert sum(t["failures"]["application"] for t in truth["totals"].values()) == 1
+    (crashed,) = [job for job in truth["jobs"] if job["kind"] == "training" and job["injected_failure"]]
+    assert crashed["injected_failure"]["how"].startswith("SIGKILL rank 0") and len(crashed["starts"]) == 2
+    assert sum(t["failures"]["application"] for t in truth["totals"].values()) == 2, "a job exits 3, a rank killed"
+    assert sum(t["failures"]["user"] for t in truth["totals"].values()) == 1

@@ -43,6 +43,9 @@ def test_every_workload_mixes_tenants_qos_preemptors_other_users_and_a_failure(j
     assert [p.expected_state for p in planned if p.kind == "failure"] == ["FAILED"]
     assert [p.kind for p in planned].count("cancelled") == (1 if jobs > MIN_JOBS else 0)
     assert len(trainings) <= 6
+    crashed = [p for p in trainings if p.crash_after_step]
+    assert [(p.account, p.qos) for p in crashed] == ([("ops", "normal")] if jobs >= 8 else [])
+    assert all(p.expected_requeues == 1 and p.expected_preemptions == 0 and p.long for p in crashed)
 
 
 @pytest.mark.parametrize("jobs", [0, -3, MIN_JOBS - 1])
