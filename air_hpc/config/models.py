@@ -7,6 +7,7 @@ all after the sections validate and raises with every broken one, so the CLI
 prints one line per problem before anything is submitted.
 """
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,6 +17,9 @@ from pydantic_core import PydanticCustomError
 from air_hpc.config.layout import ParallelLayout
 from air_hpc.config.rules import RulesBroken, problems
 from air_hpc.errors import ConfigError
+
+#: A Slurm release as ``--version`` prints it after the package name: 22.05.8, 25.11.0
+_RELEASE = re.compile(r"[0-9]{2,4}\.[0-9]{1,2}\.[0-9]{1,3}")
 
 SignalName = Literal["USR1", "USR2", "TERM", "INT", "HUP", "URG"]
 
@@ -81,6 +85,18 @@ class ClusterConfig(Section):
         description="This site's NCCL settings (interfaces, HCAs, GID index; `air-hpc cluster init` reads them "
         "off a node); win over the hardware profile's, lose to the job's env.",
     )
+    slurm_version: str | None = Field(
+        None,
+        description="Slurm release of the controller, e.g. 25.05.8 (`cluster init` records it); what a block job "
+        "may pin depends on it. Unset: asked with `scontrol --version` when submitting.",
+    )
+
+    @field_validator("slurm_version")
+    @classmethod
+    def _a_release(cls, version: str | None) -> str | None:
+        if version is not None and _RELEASE.fullmatch(version) is None:
+            raise ValueError(f"{version!r} is not a Slurm release; expected e.g. 25.05.8")
+        return version
 
 
 class HardwareConfig(Section):

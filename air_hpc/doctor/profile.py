@@ -5,6 +5,7 @@ what the user should know but cannot set there (how preemption signals the
 job, the partitions not chosen) goes into comments above the keys.
 """
 
+import contextlib
 import os
 import re
 from datetime import UTC, datetime
@@ -15,8 +16,9 @@ import yaml
 
 from air_hpc.doctor.nccl import suggested_nccl_env
 from air_hpc.doctor.node import NodeNetwork
-from air_hpc.errors import UserError
+from air_hpc.errors import SlurmError, UserError
 from air_hpc.slurm.cluster import ClusterFacts
+from air_hpc.slurm.version import parse_version
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -30,7 +32,11 @@ def check_name(name: str) -> str:
 def draft_profile(
     facts: ClusterFacts, partition: str | None = None, account: str | None = None, node: NodeNetwork | None = None
 ) -> dict[str, Any]:
-    """The keys of a cluster profile: partition (given, else the default), account, topology file, NCCL settings."""
+    """The keys of a cluster profile: partition (given, else the default), account, topology file, NCCL settings,
+    Slurm release.
+
+    The release (the controller's own, from ``scontrol show config``) decides what a block job may pin.
+    """
     part = facts.partition(partition)
     if part is None:
         names = ", ".join(p.name for p in facts.partitions) or "none"
@@ -45,6 +51,8 @@ def draft_profile(
     nccl = suggested_nccl_env(node) if node is not None else {}
     if nccl:
         profile["nccl_env"] = nccl
+    with contextlib.suppress(SlurmError):  # an odd version line: plan asks `scontrol --version` at submit time
+        profile["slurm_version"] = str(parse_version(f"slurm {facts.settings.version}", "SLURM_VERSION"))
     return profile
 
 

@@ -23,10 +23,11 @@ from air_hpc.health.badnodes import read_bad_nodes
 from air_hpc.records import names
 from air_hpc.records.rundir import RunDir
 from air_hpc.render import SbatchSpec, build_spec, render_script
-from air_hpc.slurm.client import SlurmClient
+from air_hpc.slurm.client import ONCE, SlurmClient
 from air_hpc.slurm.jobs import TestOnlyResult
 from air_hpc.slurm.nodes import fetch_node_states
 from air_hpc.slurm.survey import partitions_with_nodes
+from air_hpc.slurm.version import SlurmVersion, parse_version
 from air_hpc.topology import files
 from air_hpc.topology.request import NodeRequest, check_cluster_size, count_only, request_nodes
 
@@ -45,14 +46,26 @@ class Plan:
     notes: tuple[str, ...] = field(default=())
 
 
-def node_request(job: JobConfig, available: Set[str] | None = None) -> tuple[NodeRequest, tuple[str, ...]]:
+@dataclass(frozen=True)
+class LiveCluster:
+    """What the controller said that the node request reads: free and out-of-service nodes, its release."""
+
+    available: Set[str] | None = None
+    """Nodes free now (None: not asked; every node counts as free)."""
+    out_of_service: frozenset[str] = frozenset()
+    version: SlurmVersion | None = None
+    """The controller's release (``cluster.slurm_version``, else ``scontrol --version``); None: not known."""
+
+
+def node_request(job: JobConfig, live: LiveCluster | None = None) -> tuple[NodeRequest, tuple[str, ...]]:
     """Nodes and rank order for the job, and notes on what was decided.
 
     Topology-aware when ``placement.topology_aware`` and the cluster names a
-    ``topology_file``: pick nodes on the fewest switches from ``available``
-    (default: every node in the file), minus the run's bad nodes.
-    Otherwise only the node count goes to Slurm.
+    ``topology_file``: pick nodes on the fewest switches from the available ones
+    (default: every node in the file), minus the run's bad nodes, in the ways the
+    controller's release accepts. Otherwise only the node count goes to Slurm.
     """
+    live = live or LiveCluster(version=profile_version(job))
     bad = read_bad_nodes(RunDir.of(job).bad_nodes)
     topo = job.cluster.topology_file
     if not job.placement.topology_aware or topo is None:
@@ -61,7 +74,32 @@ def node_request(job: JobConfig, available: Set[str] | None = None) -> tuple[Nod
         text = topo.read_text()
     except OSError as exc:
         raise ConfigError(f"cluster.topology_file: cannot read {topo}: {exc.strerror or exc}") from None
-    return request_nodes(job, files.read_topology(text, str(topo)), str(topo), available, bad)
+    topology = files.read_topology(text, str(topo))
+    return request_nodes(
+        job, topology, str(topo), live.available, bad, version=live.version, out_of_service=live.out_of_service
+    )
+
+
+def profile_version(job: JobConfig) -> SlurmVersion | None:
+    """The release the cluster profile records (``cluster.slurm_version``, checked when the job loaded)."""
+    recorded = job.cluster.slurm_version
+    return None if recorded is None else parse_version(f"slurm {recorded}", "cluster.slurm_version")
+
+
+def ask_live(job: JobConfig, client: SlurmClient, notes: list[str]) -> LiveCluster:
+    """The node states and release for a topology-aware request; an unreachable controller becomes a note."""
+    version = profile_version(job)
+    if version is None:
+        try:
+            version = client.version(retry=ONCE)
+        except SlurmError as exc:
+            notes.append(f"Slurm release unknown ({str(exc).splitlines()[0] if str(exc) else exc})")
+    try:
+        states = fetch_node_states(client)
+    except SlurmUnreachableError as exc:
+        notes.append(f"live node state unavailable ({exc}); assuming every node is free")
+        return LiveCluster(version=version)
+    return LiveCluster(set(states.available), states.out_of_service, version)
 
 
 def plan(
@@ -78,17 +116,14 @@ def plan(
     the render itself needs no cluster. ``step_command`` replaces the training
     step (tests run small payloads through the same script).
     """
-    available = None
+    live = None
     notes: list[str] = []
     if client is not None and job.placement.topology_aware and job.cluster.topology_file:
-        try:
-            available = set(fetch_node_states(client).available)
-        except SlurmUnreachableError as exc:
-            notes.append(f"live node state unavailable ({exc}); assuming every node is free")
+        live = ask_live(job, client, notes)
     elif client is not None and job.resources.spare_nodes:
         with contextlib.suppress(SlurmUnreachableError):
             check_cluster_size(job, len(fetch_node_states(client).all_nodes), "sinfo")
-    request, request_notes = node_request(job, available)
+    request, request_notes = node_request(job, live)
     notes.extend(request_notes)
     spec = build_spec(job, request, python=python, step_command=step_command)
     script = render_script(spec)

@@ -84,8 +84,11 @@ from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.env import SlurmEnv
 from air_hpc.slurm.hostlist import compress
 from air_hpc.topology import files
+from air_hpc.topology.blocks import aggregate_fabric
 from air_hpc.topology.fabric import Fabric
+from air_hpc.topology.request import place_in_allocation
 from air_hpc.topology.select import pick_spare
+from air_hpc.topology.treeconf import BlockTopology
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +190,19 @@ def block_order(allocated: Sequence[str], bad: Iterable[str], nodes: int, tasks_
     return tuple(n for n in healthy[:nodes] for _ in range(tasks_per_node))
 
 
+def unpinned_order(
+    job: JobConfig, blocks: BlockTopology | None, allocated: Sequence[str], bad: Iterable[str]
+) -> tuple[str, ...]:
+    """The rank order on nodes Slurm chose: on a block topology each TP group inside one block, else Slurm's order.
+
+    A block job is left unpinned where the release refuses its node list beside
+    ``--segment`` (25.05); its placement is made here, on the allocation.
+    """
+    bad = set(bad)
+    placed = place_in_allocation(job, blocks, allocated, bad) if blocks is not None else None
+    return placed or block_order(allocated, bad, job.resources.nodes, job.resources.tasks_per_node)
+
+
 def hang_backstop_s(job: JobConfig) -> int:
     """Twice the longest phase limit: well past the moment every working watchdog has fired."""
     h = job.health
@@ -209,14 +225,17 @@ class Supervisor:
         client: SlurmClient,
         fabric: Fabric | None = None,
         probe: Callable[[Sequence[str]], tuple[str, ...]] | None = None,
+        blocks: BlockTopology | None = None,
     ) -> None:
-        """``probe`` returns the given hosts that are dead (default: :meth:`probe_dead`, a tiny srun on each)."""
+        """``probe`` returns the given hosts that are dead (default: :meth:`probe_dead`, a tiny srun on each);
+        ``blocks`` is the cluster's block topology, for the rank order of a job Slurm placed itself."""
         self.job = job
         self.run_dir = run_dir
         self.srun_argv = tuple(srun_argv)
         self.environ = dict(environ)
         self.client = client
         self.fabric = fabric
+        self.blocks = blocks
         self.slurm = SlurmEnv.from_environ(self.environ)
         self.job_id = self.slurm.job_id or ""
         self.restart_count = self.slurm.restart_count
@@ -280,7 +299,7 @@ class Supervisor:
         if self.hostfile.is_file() and self.slurm.hostfile is not None:
             rank_hosts = tuple(line.strip() for line in self.hostfile.read_text().splitlines() if line.strip())
         else:
-            rank_hosts = block_order(allocated, bad, res.nodes, res.tasks_per_node)
+            rank_hosts = unpinned_order(self.job, self.blocks, allocated, bad)
         spares = tuple(n for n in allocated if n not in set(rank_hosts) and n not in set(bad))
         attempt = 0
         try:
@@ -472,20 +491,24 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
 
 
-def load_fabric(job: JobConfig) -> Fabric | None:
-    """The cluster's fabric for topology-aware spare choice, or None (then spares are taken in order).
+def load_topology(job: JobConfig) -> tuple[Fabric | None, BlockTopology | None]:
+    """The cluster's fabric for topology-aware spare choice, and its blocks when it has some; (None, None) without.
 
     A topology/block file gives its blocks under Slurm's aggregates: the spare in
     the failed node's block (its NVLink domain) first, then the nearest block's.
+    Without a fabric, spares are taken in allocation order.
     """
     topo = job.cluster.topology_file
     if topo is None:
-        return None
+        return None, None
     try:
-        return files.read_nearness(topo.read_text(), str(topo))
+        topology = files.read_topology(topo.read_text(), str(topo))
     except (OSError, TopologyError) as exc:
         log.warning("topology %s unusable (%s); choosing spares in allocation order", topo, exc)
-        return None
+        return None, None
+    if isinstance(topology, BlockTopology):
+        return aggregate_fabric(topology), topology
+    return topology, None
 
 
 def main(argv: Sequence[str] | None = None, signal_setup: Callable[[Supervisor], None] | None = None) -> int:
@@ -498,7 +521,8 @@ def main(argv: Sequence[str] | None = None, signal_setup: Callable[[Supervisor],
         run_dir = RunDir(Path(args[0]))
         fence_settled(run_dir, os.environ)  # a job that does not own the run directory restarts nothing there
         job = run_dir.read_job()
-        supervisor = Supervisor(job, run_dir, args[2:], os.environ, SlurmClient(), load_fabric(job))
+        fabric, blocks = load_topology(job)
+        supervisor = Supervisor(job, run_dir, args[2:], os.environ, SlurmClient(), fabric, blocks=blocks)
         (signal_setup or Supervisor.install_signals)(supervisor)
         return supervisor.run()
     except AirHpcError as exc:

@@ -48,6 +48,13 @@ _NODE_NAME = re.compile(r"(?:^|\s)NodeName=(\S+)")
 _STATE = re.compile(r"(?:^|\s)State=(\S+)")
 
 
+#: scontrol base states and flags of a node out of service (not merely busy): no job gets it until someone acts
+OUT_OF_SERVICE = frozenset(
+    {"DOWN", "FUTURE", "DRAIN", "DRAINING", "DRAINED", "FAIL", "FAILING", "MAINT", "MAINTENANCE", "NOT_RESPONDING"}
+    | {"INVALID_REG"}
+)
+
+
 @dataclass(frozen=True)
 class NodeStates:
     available: frozenset[str] = frozenset()
@@ -57,6 +64,17 @@ class NodeStates:
     @property
     def all_nodes(self) -> frozenset[str]:
         return self.available | frozenset(self.unavailable)
+
+    @property
+    def out_of_service(self) -> frozenset[str]:
+        """Unavailable nodes that are drained, down or failing, not just busy (:func:`out_of_service`)."""
+        return frozenset(node for node, state in self.unavailable.items() if out_of_service(state))
+
+
+def out_of_service(state: str) -> bool:
+    """``IDLE+DRAIN``, ``ALLOCATED+DRAIN``, ``DOWN+NOT_RESPONDING``, ``drained``, ``down*``: True; ``MIXED``: False."""
+    words = set(re.split(r"[+]", state.upper().rstrip("*~#!%$@^-")))
+    return bool(words & OUT_OF_SERVICE) or state.lower().startswith(("drain", "down", "fail", "maint"))
 
 
 def scontrol_state_available(state: str) -> bool:

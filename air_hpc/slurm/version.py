@@ -44,3 +44,35 @@ KNOWN_RELEASES = tuple(
 def is_known(version: SlurmVersion) -> bool:
     """Whether the release (its major.minor; any micro) is one of :data:`KNOWN_RELEASES`."""
     return SlurmVersion(version.major, version.minor) in KNOWN_RELEASES
+
+
+#: ``--segment`` (topology/block keeps each segment inside one base block) exists from 24.05 (sbatch, CHANGELOG).
+SEGMENTS_FROM = SlurmVersion(24, 5)
+#: A required node list beside more than one segment: 25.05 refuses it ("requires nodes with segment are not
+#: supported"); 25.11 added "limited support", a list that covers the whole job (checked on a 26.05 controller).
+PINNED_SEGMENTS_FROM = SlurmVersion(25, 11)
+
+
+@dataclass(frozen=True)
+class BlockRequestRules:
+    """What a release accepts in a topology/block job's request (``eval_nodes_block.c`` of each release)."""
+
+    version: SlurmVersion | None
+    """None: the release is not known here; the rules then hold for every release from 24.05."""
+    segments: bool
+    """``--segment`` exists."""
+    pinned_segments: bool
+    """``--nodelist`` covering the whole job is accepted beside ``--segment`` when it splits the job."""
+
+    @property
+    def release(self) -> str:
+        return f"Slurm {self.version}" if self.version else "a Slurm release not known here"
+
+
+def block_request_rules(version: SlurmVersion | None) -> BlockRequestRules:
+    """The rules of ``version``; an unknown version gets what every release from 24.05 accepts (no pinned segments)."""
+    if version is None:
+        return BlockRequestRules(None, segments=True, pinned_segments=False)
+    return BlockRequestRules(
+        version, segments=version >= SEGMENTS_FROM, pinned_segments=version >= PINNED_SEGMENTS_FROM
+    )

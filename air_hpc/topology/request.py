@@ -3,19 +3,23 @@
 Selection (:mod:`~air_hpc.topology.select`, :mod:`~air_hpc.topology.block_select`)
 answers "which nodes are best"; this module turns the job's wishes (node count,
 hot spares, pinning, segments) into a :class:`NodeRequest`, falling back to a
-request Slurm can wait on when too few nodes are free now. It never runs Slurm:
-the caller passes the live node state in (:mod:`air_hpc.launch.plan` fetches it).
+request Slurm can wait on when too few nodes are free now, and to one Slurm
+places itself where the controller's release would refuse the pinned list
+(:func:`~air_hpc.slurm.version.block_request_rules`). It never runs Slurm: the
+caller passes the live node state and the release in (:mod:`air_hpc.launch.plan`
+fetches them).
 """
 
-from collections.abc import Collection, Set
+from collections.abc import Collection, Sequence, Set
 from dataclasses import dataclass
 
 from air_hpc.config.models import JobConfig
 from air_hpc.errors import ConfigError, TopologyError
 from air_hpc.slurm import hostlist as hostlists
+from air_hpc.slurm.version import BlockRequestRules, SlurmVersion, block_request_rules
 from air_hpc.topology.block_select import select_blocks
 from air_hpc.topology.block_spares import SparedSelection, select_with_spares
-from air_hpc.topology.blocks import BlockModel
+from air_hpc.topology.blocks import BlockModel, violation
 from air_hpc.topology.fabric import Fabric
 from air_hpc.topology.place import place, place_selection
 from air_hpc.topology.select import select_nodes, select_spares
@@ -67,14 +71,20 @@ def request_nodes(
     source: str,
     available: Set[str] | None,
     bad: Collection[str],
+    *,
+    version: SlurmVersion | None = None,
+    out_of_service: Collection[str] = (),
 ) -> tuple[NodeRequest, Notes]:
     """Pick nodes on the fewest switches (or inside blocks) from ``available`` minus ``bad``; say what was decided.
 
     ``available`` is the live node state (None: every node of ``topology`` counts
-    as free); ``source`` names the topology file in messages.
+    as free); ``source`` names the topology file in messages. ``version`` is the
+    controller's release (None: not known) and ``out_of_service`` its drained or
+    down nodes: a block job Slurm places itself excludes them with the bad ones.
     """
     if isinstance(topology, BlockTopology):
-        return _block_request(job, topology, source, available, set(bad))
+        live = _Live(available, set(bad), frozenset(out_of_service), block_request_rules(version))
+        return _block_request(job, topology, source, live)
     return _tree_request(job, topology, source, available, set(bad))
 
 
@@ -119,28 +129,37 @@ def _tree_request(
     return NodeRequest(nodelist=nodelist, rank_hosts=placement.ranks, exclude=exclude, spares=spares), tuple(notes)
 
 
-def _block_request(
-    job: JobConfig, topology: BlockTopology, source: str, available: Set[str] | None, bad: set[str]
-) -> tuple[NodeRequest, Notes]:
+@dataclass(frozen=True)
+class _Live:
+    """What a block request reads besides the job: the cluster's state now and its release's rules."""
+
+    available: Set[str] | None
+    bad: set[str]
+    out_of_service: frozenset[str]
+    rules: BlockRequestRules
+
+
+def _block_request(job: JobConfig, topology: BlockTopology, source: str, live: _Live) -> tuple[NodeRequest, Notes]:
     """Under topology/block: a set Slurm accepts, ``--segment`` (no ``--switches``), TP groups inside one block.
 
     The segment defaults to the nodes of one TP group, so every block holds whole
     TP groups and the NVLink domain map can keep each group inside its domain.
     Hot spares join the request under the same rules (:mod:`~air_hpc.topology.block_spares`).
+    Where the release would refuse the chosen list (:func:`unpinnable`), Slurm places the job.
     """
-    exclude = _exclude(bad)
+    exclude = _exclude(live.bad)
     model = BlockModel(topology)
     segment = job.placement.segment or _tp_nodes(job)
     check_block_spares(job, model, segment, source)
-    everything = set(model.block_of) - bad
-    candidates = everything if available is None else set(available) - bad
+    everything = set(model.block_of) - live.bad
+    candidates = everything if live.available is None else set(live.available) - live.bad
     try:
         picked = _choose_blocks(job, model, candidates, segment)
     except TopologyError as exc:
         if candidates == everything:
             raise
         waiting = _choose_blocks(job, model, everything, segment)
-        return NodeRequest(segment=waiting.segment, exclude=exclude), (
+        return NodeRequest(segment=_segment_for(waiting.segment, live.rules), exclude=exclude), (
             f"not enough free nodes now ({exc}); letting Slurm place the job under its block rules",
         )
     selection = picked.selection
@@ -151,11 +170,54 @@ def _block_request(
     if picked.spares:
         where = ",".join(model.names[i] for i in sorted({model.block_of[n] for n in picked.spares}))
         notes.append(f"hot spare(s) {hostlists.compress(picked.spares)} in block(s) {where}")
+    segment_now = _segment_for(picked.segment, live.rules)
     if not job.placement.pin_nodes:
-        return NodeRequest(segment=picked.segment, exclude=exclude), (
+        return NodeRequest(segment=segment_now, exclude=exclude), (
             *notes,
             "not pinned: Slurm places the job under its block rules",
         )
+    refused = unpinnable(model, (*selection.nodes, *picked.spares), segment_now, live.rules)
+    if refused is not None:
+        return _slurm_places(segment_now, live), (*notes, f"not pinned: {refused}; Slurm places the job")
+    request, placed = _pinned_block_request(job, topology, picked, segment_now, exclude)
+    return request, (*notes, *placed)
+
+
+def unpinnable(model: BlockModel, nodes: Collection[str], segment: int | None, rules: BlockRequestRules) -> str | None:
+    """Why the release would refuse ``--nodelist=nodes`` beside ``--segment=segment`` (None: it accepts it).
+
+    25.05 refuses any required node list when the job has more than one segment;
+    from 25.11 a list that covers the whole job is accepted. Without a segment the
+    list must keep Slurm's shared-block rule (:func:`~air_hpc.topology.blocks.violation`).
+    """
+    if segment is not None and len(nodes) > segment and not rules.pinned_segments:
+        return (
+            f"{rules.release} refuses a node list beside --segment={segment} "
+            "(slurmctld: requires nodes with segment are not supported; accepted from 25.11)"
+        )
+    return violation(model, nodes, segment)
+
+
+def _segment_for(segment: int | None, rules: BlockRequestRules) -> int | None:
+    """The ``--segment`` to send: none where the release has no such option (before 24.05)."""
+    return segment if rules.segments else None
+
+
+def _slurm_places(segment: int | None, live: _Live) -> NodeRequest:
+    """No node list: Slurm places the segments; the bad and out-of-service nodes are kept out by name.
+
+    The spares are whole segments of the count (``--nodes`` holds them); the job reads
+    the nodes Slurm chose back for its rank order (:func:`place_in_allocation`).
+    """
+    return NodeRequest(segment=segment, exclude=_exclude(live.bad | live.out_of_service))
+
+
+def _pinned_block_request(
+    job: JobConfig, topology: BlockTopology, picked: SparedSelection, segment: int | None, exclude: str | None
+) -> tuple[NodeRequest, Notes]:
+    """The chosen nodes pinned, with the rank order that keeps each TP group inside one block (NVLink domain)."""
+    model = BlockModel(topology)
+    selection = picked.selection
     domains = {node: model.names[model.block_of[node]] for node in selection.nodes}
     placement = place(
         topology.to_fabric(),
@@ -165,16 +227,42 @@ def _block_request(
         job.hardware.nvlink_domain_nodes,
         nvlink_domains=domains,
     )
-    if placement.fallback:
-        notes.append(f"rank order: block order ({placement.fallback})")
+    notes = (f"rank order: block order ({placement.fallback})",) if placement.fallback else ()
     request = NodeRequest(
         nodelist=picked.nodelist,
-        segment=picked.segment,
+        segment=segment,
         rank_hosts=placement.ranks,
         exclude=exclude,
         spares=picked.spares,
     )
-    return request, tuple(notes)
+    return request, notes
+
+
+def place_in_allocation(
+    job: JobConfig, topology: BlockTopology, allocated: Sequence[str], bad: Collection[str]
+) -> tuple[str, ...] | None:
+    """The rank order on the nodes Slurm chose (a request it placed itself): TP groups inside one block.
+
+    The ranks take ``resources.nodes`` healthy allocated nodes in whole segments
+    per block, the fewest blocks first (the rest are the spares); None when the
+    allocation holds no such set (then the caller keeps Slurm's order).
+    """
+    model = BlockModel(topology)
+    healthy = {n for n in allocated if n not in set(bad) and n in model.block_of}
+    try:
+        chosen = select_blocks(model, healthy, job.resources.nodes, job.placement.segment or _tp_nodes(job))
+    except TopologyError:
+        return None
+    domains = {node: model.names[model.block_of[node]] for node in chosen.nodes}
+    placement = place(
+        topology.to_fabric(),
+        chosen.nodes,
+        job.layout,
+        job.resources.tasks_per_node,
+        job.hardware.nvlink_domain_nodes,
+        nvlink_domains=domains,
+    )
+    return placement.ranks
 
 
 def _choose_blocks(job: JobConfig, model: BlockModel, available: Set[str], segment: int | None) -> SparedSelection:

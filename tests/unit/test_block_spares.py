@@ -21,13 +21,14 @@ from air_hpc.config import load_job
 from air_hpc.errors import ConfigError, TopologyError
 from air_hpc.exitcodes import ExitCode
 from air_hpc.health.badnodes import read_bad_nodes
-from air_hpc.launch.plan import node_request
+from air_hpc.launch.plan import LiveCluster, node_request
 from air_hpc.launch.submit import plan
 from air_hpc.records.events import read_events
 from air_hpc.records.rundir import RunDir
-from air_hpc.runtime.supervisor import Supervisor, load_fabric, replace_nodes
+from air_hpc.runtime.supervisor import Supervisor, load_topology, replace_nodes
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.fake import FakeSlurm
+from air_hpc.slurm.version import SlurmVersion
 from air_hpc.topology import treeconf
 from air_hpc.topology.block_spares import nearest_spares, select_with_spares, spare_segment
 from air_hpc.topology.blocks import BlockModel, aggregate_fabric, violation
@@ -36,6 +37,8 @@ from air_hpc.topology.select import pick_spare
 REPO = Path(__file__).resolve().parents[2]
 TESTBED_JOB = REPO / "configs" / "jobs" / "gpt-tiny-testbed.yaml"
 #: TP spans two nodes (one rank per node): the request carries --segment=2
+#: a release that accepts a node list covering the whole job beside --segment
+PINS = SlurmVersion(26, 5, 3)
 TP_ACROSS_NODES = (
     "resources.nodes=4",
     "resources.tasks_per_node=1",
@@ -173,8 +176,8 @@ def test_the_batch_script_asks_for_the_job_and_its_spares_in_segments(
     tmp_path: Path, small_corpus: Path, blocks: str, nodelist: str, spares: tuple[str, ...]
 ) -> None:
     topo = block_file(tmp_path, blocks)
-    job = job_in(tmp_path, small_corpus, f"cluster.topology_file={topo}", "resources.spare_nodes=2", *TP_ACROSS_NODES)
-    planned = plan(job)
+    overrides = (f"cluster.topology_file={topo}", "resources.spare_nodes=2", "cluster.slurm_version=26.05.3")
+    planned = plan(job_in(tmp_path, small_corpus, *overrides, *TP_ACROSS_NODES))
     assert planned.request.spares == spares and set(planned.request.rank_hosts) == {"n1", "n2", "n3", "n4"}
     lines = planned.script.splitlines()
     for line in ("#SBATCH --nodes=6", f"#SBATCH --nodelist={nodelist}", "#SBATCH --segment=2"):
@@ -182,6 +185,20 @@ def test_the_batch_script_asks_for_the_job_and_its_spares_in_segments(
     assert not [line for line in lines if line.startswith("#SBATCH --switches")]
     assert "-m air_hpc.runtime.supervisor" in planned.script
     assert "srun --ntasks=4 --distribution=arbitrary" in planned.script
+
+
+@pytest.mark.parametrize("version", ["25.05.8", "24.05.0"])
+def test_before_25_11_the_job_and_its_spares_are_whole_segments_slurm_places(
+    tmp_path: Path, small_corpus: Path, version: str
+) -> None:
+    topo = block_file(tmp_path, "BlockName=b1 Nodes=n[1-4]\nBlockName=b2 Nodes=n[5-8]\nBlockSizes=4,8\n")
+    overrides = (f"cluster.topology_file={topo}", "resources.spare_nodes=2", f"cluster.slurm_version={version}")
+    planned = plan(job_in(tmp_path, small_corpus, *overrides, *TP_ACROSS_NODES))
+    assert (planned.request.nodelist, planned.request.spares, planned.request.rank_hosts) == (None, (), ())
+    lines = planned.script.splitlines()
+    assert "#SBATCH --nodes=6" in lines and "#SBATCH --segment=2" in lines
+    assert not [line for line in lines if line.startswith("#SBATCH --nodelist")]
+    assert f"not pinned: Slurm {version} refuses a node list beside --segment=2" in "\n".join(planned.notes)
 
 
 def test_unpinned_spares_leave_the_nodes_to_slurms_segments(tmp_path: Path, small_corpus: Path) -> None:
@@ -246,8 +263,8 @@ def test_the_supervisor_replaces_a_dead_node_with_the_spare_in_its_block(tmp_pat
     log = tmp_path / "srun.log"
     environ = {**os.environ, "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[4-7]", "SLURM_HOSTFILE": str(hostfile)}
     environ["LOG"] = str(log)
-    fabric = load_fabric(job)
-    assert fabric is not None and fabric.leaf_of["n6"] == "b2"
+    fabric, blocks = load_topology(job)
+    assert fabric is not None and fabric.leaf_of["n6"] == "b2" and blocks is not None
     probed: list[tuple[str, ...]] = []
 
     def probe(hosts):
@@ -321,10 +338,10 @@ def test_spares_are_valid_and_found_whenever_slurm_allows_them(case) -> None:
 def test_too_few_free_nodes_now_leave_the_wait_to_slurm_with_the_segment(tmp_path: Path, small_corpus: Path) -> None:
     topo = block_file(tmp_path, "BlockName=b1 Nodes=n[1-4]\nBlockName=b2 Nodes=n[5-8]\nBlockSizes=4,8\n")
     job = job_in(tmp_path, small_corpus, f"cluster.topology_file={topo}", "resources.spare_nodes=2", *TP_ACROSS_NODES)
-    request, notes = node_request(job, available={"n1", "n2", "n5", "n6", "n7"})
+    request, notes = node_request(job, LiveCluster(available={"n1", "n2", "n5", "n6", "n7"}))
     assert request.nodelist is None and request.segment == 2 and not request.spares
     assert notes[0].startswith("not enough free nodes now")
-    request, _ = node_request(job, available={"n1", "n2", "n5", "n6", "n7", "n8"})
+    request, _ = node_request(job, LiveCluster(available={"n1", "n2", "n5", "n6", "n7", "n8"}, version=PINS))
     assert request.rank_hosts and set(request.rank_hosts) == {"n5", "n6", "n7", "n8"} and request.spares == ("n1", "n2")
 
 

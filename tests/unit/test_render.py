@@ -12,6 +12,7 @@ import pytest
 
 from air_hpc.config import JobConfig, load_job
 from air_hpc.errors import ConfigError
+from air_hpc.launch.plan import node_request
 from air_hpc.render import NodeRequest, build_spec, job_environment, render_script
 from air_hpc.render.directives import slurm_directives
 from air_hpc.render.quoting import sbatch_value, shell_quote
@@ -64,6 +65,24 @@ VARIANTS: dict[str, tuple[list[str], NodeRequest]] = {
 }
 
 
+#: a block job with segments of one TP group and two hot spares, rendered under each release's rules: 26.05 pins
+#: the nodes beside --segment, 25.05 refuses that and lets Slurm place the segments, 23.11 has no --segment
+BLOCK_RELEASES = {
+    "block-spares-23.11": "23.11.10",
+    "block-spares-25.05": "25.05.8",
+    "block-spares-26.05": "26.05.3",
+}
+BLOCK_JOB = [
+    f"cluster.topology_file={REPO / 'tests' / 'data' / 'topology' / 'blocks-4x4.conf'}",
+    "resources.nodes=4",
+    "resources.tasks_per_node=1",
+    "resources.spare_nodes=2",
+    "parallel.tp=2",
+    "parallel.pp=2",
+    "hardware.nvlink_domain_nodes=4",
+]
+
+
 def render_for(overrides: list[str], request: NodeRequest | None = None, job_file: Path = TESTBED_JOB) -> str:
     job = load_job(job_file, [*FIXED, *overrides])
     return render_script(build_spec(job, request, python=PYTHON))
@@ -90,8 +109,15 @@ def test_variants_match_golden(name: str) -> None:
     check_golden(name, render_for(overrides, request))
 
 
+@pytest.mark.parametrize("name", sorted(BLOCK_RELEASES))
+def test_block_jobs_per_release_match_golden(name: str) -> None:
+    job = load_job(TESTBED_JOB, [*FIXED, *BLOCK_JOB, f"cluster.slurm_version={BLOCK_RELEASES[name]}"])
+    request, _ = node_request(job)
+    check_golden(name, render_script(build_spec(job, request, python=PYTHON)))
+
+
 def test_every_golden_has_a_source() -> None:
-    sources = {p.stem for p in JOBS} | set(VARIANTS)
+    sources = {p.stem for p in JOBS} | set(VARIANTS) | set(BLOCK_RELEASES)
     assert {p.stem for p in GOLDEN.glob("*.sbatch")} == sources
 
 

@@ -291,6 +291,7 @@ def test_cluster_init_writes_a_profile_the_loader_reads(tmp_path: Path, monkeypa
     job_file.write_text(TESTBED_JOB.read_text().replace("cluster: testbed", "cluster: hpc1"))
     job = load_job(job_file)
     assert (job.cluster.name, job.cluster.partition, job.cluster.account) == ("hpc1", "gpu", None)
+    assert job.cluster.slurm_version == "22.05.8", "the controller's release, for what a block job may pin"
     assert "account: none found (no accounting" in text
     assert job.cluster.topology_file is None  # the controller's topology.conf is not readable from here
 

@@ -154,7 +154,9 @@ def test_block_topology_pins_a_valid_set_with_segments_and_keeps_tp_in_a_block(t
 
     busy = {**{f"n{i}": "IDLE" for i in range(1, 17)}, "n1": "ALLOCATED", "n5": "DRAIN", "n9": "MIXED+DRAIN"}
     busy["n13"] = "DOWN"
-    planned = plan(block_job(tmp_path), FakeSlurm(nodes=busy))
+    fake = FakeSlurm(nodes=busy)
+    fake.version_line = "slurm 26.05.3"  # accepts a node list covering the whole job beside --segment
+    planned = plan(block_job(tmp_path), fake)
     request = planned.request
     assert request.segment == 2, "the segment defaults to one TP group (tp 2 on 1 task per node)"
     assert request.nodelist == "n[2-3,6-7]" and request.switches is None
@@ -164,6 +166,28 @@ def test_block_topology_pins_a_valid_set_with_segments_and_keeps_tp_in_a_block(t
     for group in range(0, len(ranks), 2):  # tp is fastest: ranks 2k, 2k+1 form a TP group
         assert model.block_of[ranks[group]] == model.block_of[ranks[group + 1]]
     assert "#SBATCH --segment=2" in planned.script and "--switches" not in planned.script
+
+
+def test_on_25_05_slurm_places_the_segments_and_drained_nodes_are_excluded(tmp_path: Path) -> None:
+    busy = {**{f"n{i}": "IDLE" for i in range(1, 17)}, "n1": "ALLOCATED", "n5": "DRAIN", "n9": "MIXED+DRAIN"}
+    busy["n13"] = "DOWN"
+    fake = FakeSlurm(nodes=busy)
+    fake.version_line = "slurm 25.05.8"
+    planned = plan(block_job(tmp_path), fake)
+    request = planned.request
+    assert (request.nodelist, request.segment, request.rank_hosts) == (None, 2, ())
+    assert request.exclude == "n[5,9,13]", "drained and down nodes are kept out by name; the busy n1 is not"
+    assert any("requires nodes with segment are not supported" in note for note in planned.notes)
+    assert "#SBATCH --segment=2" in planned.script and "#SBATCH --exclude=n[5,9,13]" in planned.script
+    assert "--nodelist" not in planned.script
+
+
+def test_the_profiles_slurm_version_wins_over_the_commands(tmp_path: Path) -> None:
+    fake = FakeSlurm(nodes={f"n{i}": "IDLE" for i in range(1, 17)})
+    fake.version_line = "slurm 25.05.8"
+    planned = plan(block_job(tmp_path, "cluster.slurm_version=26.05.3"), fake)
+    assert planned.request.nodelist is not None and planned.request.segment == 2
+    assert ["scontrol", "--version"] not in fake.calls, "the profile's release is not asked again"
 
 
 def test_block_topology_not_pinned_asks_only_for_segments(tmp_path: Path) -> None:

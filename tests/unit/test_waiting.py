@@ -83,7 +83,8 @@ def test_node_request_orchestration_never_runs_slurm() -> None:
         for alias in node.names
     }
     imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    pure = "air_hpc.slurm.hostlist"  # Slurm's hostlist syntax: text in, text out
+    # Slurm's hostlist syntax (text in, text out) and what each release accepts (a version in, rules out)
+    pure = ("air_hpc.slurm.hostlist", "air_hpc.slurm.version")
     runs_slurm = (
         "air_hpc.slurm",
         "air_hpc.launch",
