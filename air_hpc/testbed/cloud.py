@@ -32,6 +32,8 @@ from air_hpc.testbed.prefix import SlurmBuild
 log = logging.getLogger(__name__)
 
 _PLACED = re.compile(r"on nodes (\S+) in partition")
+#: slurmctld's refusals of a job it cannot place (node or topology configuration, a required node list)
+_CANNOT_PLACE = ("configuration is not available", "topology", "Required nodes")
 
 
 class CloudController:
@@ -45,9 +47,12 @@ class CloudController:
         ctld_host: str | None = None,
         extra_conf: Sequence[str] = (),
         build: SlurmBuild | None = None,
+        topology_plugin: str = "topology/tree",
     ) -> None:
-        """``build``: the Slurm build whose slurmctld and commands to run (None: the system's)."""
+        """``build``: the Slurm build whose slurmctld and commands to run (None: the system's);
+        ``topology_plugin``: ``topology/block`` when ``topology_text`` holds ``BlockName=`` lines."""
         self.workdir = workdir
+        self.topology_plugin = topology_plugin
         self.build = build
         self.extra_conf = tuple(extra_conf)
         self.nodes = tuple(nodes)
@@ -72,7 +77,11 @@ class CloudController:
     def start(self, timeout_s: float = 60.0) -> None:
         for sub in ("state", "spool"):
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
-        self.conf.write_text(cloud_slurm_conf(self.workdir, self.nodes, self.ctld_host, free_ports(2), self.extra_conf))
+        self.conf.write_text(
+            cloud_slurm_conf(
+                self.workdir, self.nodes, self.ctld_host, free_ports(2), self.extra_conf, self.topology_plugin
+            )
+        )
         (self.workdir / "topology.conf").write_text(self.topology_text)
         out = (self.workdir / "slurmctld.out").open("wb")
         self._proc = subprocess.Popen(
@@ -124,15 +133,14 @@ class CloudController:
     def _update(self, nodes: Collection[str], *settings: str) -> None:
         self.client.run(["scontrol", "update", f"NodeName={hostlist.compress(nodes)}", *settings])
 
-    def placement(self, count: int) -> tuple[str, ...] | None:
-        """Nodes ``sbatch --test-only -N count --exclusive`` would start on; None if Slurm cannot place it."""
-        result = self.client.run(
-            ["sbatch", "--test-only", "-N", str(count), "--exclusive", "--wrap", "true"], check=False, retry=ONCE
-        )
+    def placement(self, count: int, options: Sequence[str] = ()) -> tuple[str, ...] | None:
+        """Nodes ``sbatch --test-only -N count --exclusive [options]`` would start on; None if Slurm cannot place it."""
+        args = ["sbatch", "--test-only", "-N", str(count), "--exclusive", *options, "--wrap", "true"]
+        result = self.client.run(args, check=False, retry=ONCE)
         match = _PLACED.search(result.stderr + result.stdout)
         if match:
             return tuple(hostlist.expand(match.group(1), "sbatch --test-only"))
-        if result.returncode != 0 and "Requested node configuration is not available" in result.stderr:
+        if result.returncode != 0 and any(words in result.stderr for words in _CANNOT_PLACE):
             return None
         if result.returncode != 0:
             raise SlurmError(f"sbatch --test-only -N {count} failed: {result.stderr.strip()}")

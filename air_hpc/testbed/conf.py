@@ -274,15 +274,21 @@ def preemption(settings: Settings) -> dict[str, str]:
 
 
 def cloud_slurm_conf(
-    workdir: Path, nodes: Sequence[str], ctld_host: str, ports: Sequence[int], extra: Sequence[str] = ()
+    workdir: Path,
+    nodes: Sequence[str],
+    ctld_host: str,
+    ports: Sequence[int],
+    extra: Sequence[str] = (),
+    topology_plugin: str = "topology/tree",
 ) -> str:
-    """slurm.conf for a controller whose nodes are all power-saved CLOUD nodes on a topology/tree fabric.
+    """slurm.conf for a controller whose nodes are all power-saved CLOUD nodes on a topology/tree (or block) fabric.
 
     ``ports``: the controller's and the (never started) slurmds'. ``extra``: further lines (settings
     the base leaves unset, more nodes or partitions).
     """
     values = {
         **loopback_controller("topocloud", ctld_host, ports[0]),
+        "TopologyPlugin": topology_plugin,
         "SlurmdPort": str(ports[1]),
         "AuthType": "auth/none",
         "CredType": "cred/none",
