@@ -48,7 +48,7 @@ class SlurmEnv:
     localid: int | None = None
     """``SLURM_LOCALID``: this task's rank on its node."""
     step_id: int | None = None
-    """``SLURM_STEP_ID``: set in a job step (``srun``), not in the batch script."""
+    """``SLURM_STEP_ID`` of a job step (``srun``); None in the batch script (26.05 sets it there to ``-5``)."""
     nodelist: tuple[str, ...] = ()
     """The allocation's nodes, expanded, in Slurm's order."""
     nodename: str | None = None
@@ -71,7 +71,7 @@ class SlurmEnv:
             procid=_count(environ, PROCID),
             ntasks=_count(environ, NTASKS),
             localid=_count(environ, LOCALID),
-            step_id=_count(environ, STEP_ID),
+            step_id=_step_id(environ),
             nodelist=tuple(hostlist.expand(nodelist, f"${nodelist_var}")) if nodelist_var else (),
             nodename=environ.get(NODENAME) or None,
             hostfile=Path(hostfile) if hostfile else None,
@@ -88,6 +88,23 @@ def _count(environ: Mapping[str, str], var: str) -> int | None:
     if value is None:
         raise ConfigError(f"${var}={text!r}: expected a whole number, as Slurm sets it")
     return value
+
+
+#: Step ids above this are Slurm's special steps (slurm.h: batch script 0xfffffffb, extern 0xfffffffc, ...)
+MAX_NORMAL_STEP_ID = 0xFFFFFFF0
+
+
+def _step_id(environ: Mapping[str, str]) -> int | None:
+    """A job step's id; None outside one (26.05 sets ``SLURM_STEP_ID=-5``, the batch step, in the batch shell)."""
+    text = environ.get(STEP_ID, "").strip()
+    if text.startswith("-") and ascii_int(text[1:]) is not None:
+        signed = -int(text[1:])
+        value: int | None = signed & 0xFFFFFFFF if signed >= -(1 << 31) else None
+    else:
+        value = _count(environ, STEP_ID)
+    if value is None and text:
+        raise ConfigError(f"${STEP_ID}={text!r}: expected a whole number, as Slurm sets it")
+    return None if value is None or value > MAX_NORMAL_STEP_ID else value
 
 
 def epoch_seconds(environ: Mapping[str, str], var: str) -> float | None:

@@ -59,3 +59,19 @@ def test_a_time_that_is_not_epoch_seconds_is_unset_and_logged(caplog: pytest.Log
     env = SlurmEnv.from_environ({"SLURM_JOB_START_TIME": "soon", "SLURM_JOB_END_TIME": "0"})
     assert (env.job_start_time_s, env.job_end_time_s) == (None, None)
     assert "SLURM_JOB_START_TIME='soon'" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("value", "step_id"),
+    [("0", 0), ("12", 12), ("-5", None), ("4294967291", None), ("-4", None), ("", None)],
+    ids=["first-step", "step-12", "26.05-batch-signed", "batch-unsigned", "extern-signed", "unset"],
+)
+def test_the_batch_and_extern_steps_are_no_job_step(value: str, step_id: int | None) -> None:
+    """26.05 sets SLURM_STEP_ID=-5 (SLURM_BATCH_SCRIPT, printed signed) in the batch shell; 25.05 left it unset."""
+    assert SlurmEnv.from_environ({**TASK, "SLURM_STEP_ID": value}).step_id == step_id
+
+
+@pytest.mark.parametrize("value", ["x", "-", "--5", "-x", "-99999999999", "١"])
+def test_a_malformed_step_id_is_a_config_error_naming_it(value: str) -> None:
+    with pytest.raises(ConfigError, match=r"\$SLURM_STEP_ID=.*expected a whole number"):
+        SlurmEnv.from_environ({**TASK, "SLURM_STEP_ID": value})
