@@ -198,7 +198,7 @@ class Workload:
                 say(f"{job.planned.name}: job {job.job_id} as {job.planned.user} ({job.planned.account})")
         for job in self._of("preemptor"):
             victim = self.jobs[job.planned.victim or ""]
-            if not job.job_id and victim.job_id and _trained_a_step(victim.run_dir):
+            if not job.job_id and victim.job_id and _trained(victim.run_dir) >= 1:
                 self._submit_preemptor(job, victim)
                 say(f"{job.planned.name}: job {job.job_id} preempts job {victim.job_id} on {job.nodes}")
         for job in self._of("training"):
@@ -304,12 +304,6 @@ class Workload:
 
     def close(self) -> None:
         shutil.rmtree(self.marks, ignore_errors=True)
-
-
-def _trained_a_step(run_dir: Path | None) -> bool:
-    from air_hpc.records.rundir import RunDir
-
-    return run_dir is not None and RunDir(run_dir).metrics.is_file() and RunDir(run_dir).metrics.stat().st_size > 0
 
 
 def _trained(run_dir: Path | None) -> int:
