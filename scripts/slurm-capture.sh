@@ -19,7 +19,7 @@ echo "slurm-capture: Slurm $version ($(command -v sbatch)) into $out"
 
 # Fields and formats the client asks for (air_hpc/slurm/jobs.py, nodes.py, cluster.py).
 SQUEUE_FORMAT='%i|%T|%D|%N|%r|%M|%l|%j'
-SACCT_FIELDS='JobIDRaw,State,ExitCode,NNodes,NodeList,Elapsed,Timelimit,JobName'
+SACCT_FIELDS='JobID,State,ExitCode,NNodes,NodeList,Elapsed,Timelimit,JobName'
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 printf '#!/bin/sh\n#SBATCH --nodes=2\n#SBATCH --time=5\nsleep 600\n' >"$work/two.sbatch"

@@ -1,7 +1,6 @@
 """``air-hpc render | submit | status | logs | cancel``: launch, watch and stop a run."""
 
 import getpass
-import logging
 import re
 import time
 from pathlib import Path
@@ -15,11 +14,12 @@ from air_hpc.errors import UserError
 from air_hpc.slurm.reasons import plain_reason, with_reason
 
 if TYPE_CHECKING:
+    from air_hpc.config.models import JobConfig
     from air_hpc.launch.plan import Plan
     from air_hpc.launch.submit import Submission
-    from air_hpc.observe.overview import RunRow
     from air_hpc.ops.control import LogSource, RunStatus
     from air_hpc.records.rundir import RunDir
+    from air_hpc.records.sweeps import SweepRecord
     from air_hpc.slurm.client import SlurmClient
 
 python_option = click.option(
@@ -67,6 +67,18 @@ def render(job_file: str, overrides: tuple[str, ...], output: str | None, python
     is_flag=True,
     help="Start the run from step 0: move its existing run directory aside (RUN.replaced-TIME, nothing deleted).",
 )
+@click.option(
+    "--after",
+    metavar="RUN_OR_JOB[:ok|any|notok]",
+    help="Start only after that job (a run or sweep: its current job) ends: ok (default), any, notok.",
+)
+@click.option(
+    "--chain",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Submit N links of the run, one at a time (--dependency=singleton), each resuming where the last stopped.",
+)
 @python_option
 @json_option
 def submit(
@@ -77,36 +89,42 @@ def submit(
     wait: bool,
     force: bool,
     fresh: bool,
+    after: str | None,
+    chain: int,
     python: str | None,
     as_json: bool,
 ) -> None:
-    """Validate, record and submit JOB_FILE; print the job id.
+    """Validate, record and submit JOB_FILE; print the job id (with --chain, one per link).
 
     A run directory holding checkpoints of another model (shapes, vocabulary, tokenizer) is refused
     (exit 2): give a new run.name or --fresh. A changed parallel layout or node count resumes.
     """
     from air_hpc.config import load_job
     from air_hpc.launch import submit as submitting
-    from air_hpc.launch.executors import make_executor
-    from air_hpc.launch.resume import aside_path, check_resume
-    from air_hpc.records.rundir import RunDir
+    from air_hpc.launch.chain import dependency
+    from air_hpc.launch.resume import check_resume
 
     job = load_job(job_file, overrides)
     client = slurm_client()
+    waits = _waits_for(job, client, executor, after, chain)
     resume = check_resume(job, fresh)
     note = None if resume is None else resume.note()
     if note is not None and not as_json:
         click.echo(f"note: {note}", err=True)
     if dry_run:
-        make_executor(executor, client).check(job)  # type: ignore[arg-type]
-        submitting.check_data(job)
-        planned = submitting.plan(job, None if executor == "local" else client, python=python, test_only=True)
-        _report_dry_run(planned, as_json)
-        if fresh and job.run.dir.exists() and not as_json:
-            click.echo(f"dry run: --fresh would move {job.run.dir} aside to {aside_path(RunDir.of(job))}", err=True)
+        _dry_run(job, client, executor, python, dependency(waits, chain), fresh, as_json)
         return
     try:
-        done = submitting.submit(job, executor, client, python=python, force=force, fresh=fresh)  # type: ignore[arg-type]
+        done = submitting.submit(
+            job,
+            executor,  # type: ignore[arg-type]
+            client,
+            python=python,
+            force=force,
+            fresh=fresh,
+            after=waits,
+            chain=chain,
+        )
     except submitting.RunComplete as complete:  # nothing to do is not an error: say so, exit 0
         if as_json:
             echo_json({"complete": True, "run_dir": str(job.run.dir), "message": str(complete)})
@@ -115,16 +133,60 @@ def submit(
         return
     if done.set_aside is not None and not as_json:
         click.echo(f"moved the previous run directory aside to {done.set_aside}", err=True)
-    if not wait:
-        if as_json:
-            echo_json(done.to_json())
-        else:
-            for note in done.plan.notes:
-                click.echo(f"note: {note}", err=True)
-            click.echo(f"run dir {done.run_dir}", err=True)
-            click.echo(done.job_id)
-        return
-    _wait_and_summarize(done, client, as_json)
+    if wait:
+        _wait_and_summarize(done, client, as_json)
+    elif as_json:
+        echo_json(done.to_json())
+    else:
+        _say_submitted(done)
+
+
+def _say_submitted(done: "Submission") -> None:
+    for note in done.plan.notes:
+        click.echo(f"note: {note}", err=True)
+    click.echo(f"run dir {done.run_dir}", err=True)
+    if done.chain:
+        click.echo(f"chain of {len(done.chain)} links, one at a time: {' '.join(done.chain)}", err=True)
+    click.echo("\n".join(done.chain) if done.chain else done.job_id)
+
+
+def _dry_run(
+    job: "JobConfig",
+    client: "SlurmClient",
+    executor: str,
+    python: str | None,
+    dependency: str | None,
+    fresh: bool,
+    as_json: bool,
+) -> None:
+    """Validate and render (and sbatch --test-only); submit nothing."""
+    from air_hpc.launch import submit as submitting
+    from air_hpc.launch.executors import make_executor
+    from air_hpc.launch.resume import aside_path
+    from air_hpc.records.rundir import RunDir
+
+    make_executor(executor, client).check(job)  # type: ignore[arg-type]
+    submitting.check_data(job)
+    local = executor == "local"
+    planned = submitting.plan(job, None if local else client, python=python, test_only=True, dependency=dependency)
+    _report_dry_run(planned, as_json)
+    if fresh and job.run.dir.exists() and not as_json:
+        click.echo(f"dry run: --fresh would move {job.run.dir} aside to {aside_path(RunDir.of(job))}", err=True)
+
+
+def _waits_for(job: "JobConfig", client: "SlurmClient", executor: str, after: str | None, chain: int) -> str | None:
+    """``--after`` as Slurm's dependency (``afterok:12``; an unknown job exits 2); a chain's partition checked."""
+    from air_hpc.launch.chain import chain_note, check_chain, parse_after
+    from air_hpc.ops.depend import after_job_id
+
+    check_chain(job, executor, chain)
+    warning = chain_note(job, client) if chain > 1 else None
+    if warning is not None:
+        click.echo(f"warning: {warning}", err=True)
+    if after is None:
+        return None
+    wanted = parse_after(after)
+    return f"{wanted.kind}:{after_job_id(wanted.target, client)}"
 
 
 def _report_dry_run(planned: "Plan", as_json: bool) -> None:
@@ -158,7 +220,7 @@ def _wait_and_summarize(done: "Submission", client: "SlurmClient", as_json: bool
     from air_hpc.records.rundir import RunDir
 
     run_dir = RunDir(done.run_dir)
-    timeout_s = wait_deadline_s(done.plan.job)
+    timeout_s = wait_deadline_s(done.plan.job) * max(1, len(done.chain))
 
     def poll() -> "RunStatus":
         if done.executor == "local":
@@ -168,7 +230,7 @@ def _wait_and_summarize(done: "Submission", client: "SlurmClient", as_json: bool
     if as_json:
         for _ in poll_until(
             poll,
-            lambda status: status.job.state.terminal,
+            lambda status: status.ended,
             timeout_s=timeout_s,
             poll_s=2.0,
             what=lambda status: f"job {status.job.job_id} is {status.job.state}",
@@ -250,6 +312,12 @@ def status(target: str | None, watch: bool, as_json: bool) -> None:
                 f"job {job.job_id} ({job.name}): {with_reason(str(job.state), job.reason)}, {job.nodes} node(s) "
                 f"{job.nodelist}, restarts {job.restarts}"
             )
+        return
+    from air_hpc.ops.sweeps import find_sweep
+
+    record = None if watch else find_sweep(target)
+    if record is not None:
+        _sweep_runs(target, None, client, as_json)
         return
     run_dir = resolve_run(target)
     if watch:
@@ -364,11 +432,21 @@ class _LogTail:
 @run_argument
 @json_option
 def cancel(run: str, as_json: bool) -> None:
-    """Cancel a run's current job; one that had already ended is left alone and its end state said."""
+    """Cancel a run's current job; one that had already ended is left alone and its end state said.
+
+    A sweep's name cancels every element; ``SWEEP/i`` cancels element i.
+    """
     from air_hpc.ops.control import cancel_run
     from air_hpc.ops.runs import resolve_run
+    from air_hpc.ops.sweeps import find_element, find_sweep
+    from air_hpc.records.rundir import RunDir
 
-    run_dir = resolve_run(run)
+    record = find_sweep(run)
+    if record is not None:
+        _cancel_sweep(record, as_json)
+        return
+    element = find_element(run)
+    run_dir = RunDir(element[1].run_dir) if element is not None else resolve_run(run)
     outcome = cancel_run(run_dir, slurm_client())
     if as_json:
         echo_json(outcome.to_json(run_dir))
@@ -383,8 +461,11 @@ def cancel(run: str, as_json: bool) -> None:
     default=None,
     help="Directory holding the run directories [default: $AIR_HPC_RUNS_ROOT, else ./runs].",
 )
+@click.option(
+    "--sweep", "sweep_name", metavar="NAME", help="Only this sweep's elements, with their settings, best first."
+)
 @json_option
-def runs(root: str | None, as_json: bool) -> None:
+def runs(root: str | None, sweep_name: str | None, as_json: bool) -> None:
     """List the runs under the runs root: state, step/total, loss, restarts, goodput, checkpoint age, job.
 
     A run whose own files cannot be read (an empty ``job.json``) is listed as
@@ -392,9 +473,13 @@ def runs(root: str | None, as_json: bool) -> None:
     """
     from air_hpc.observe.overview import runs_table
     from air_hpc.ops.runs import find_runs, runs_root
+    from air_hpc.ops.sweeps import runs_row
 
     client = slurm_client()
-    rows = [_runs_row(run_dir, client) for run_dir in find_runs(root)]
+    if sweep_name is not None:
+        _sweep_runs(sweep_name, root, client, as_json)
+        return
+    rows = [runs_row(run_dir, client) for run_dir in find_runs(root)]
     if as_json:
         echo_json({"root": str(runs_root(root)), "runs": [row.to_json() for row in rows]})
         return
@@ -411,24 +496,47 @@ def runs(root: str | None, as_json: bool) -> None:
             click.echo(f"warning: run {row.summary.name} is unreadable: {row.problem}", err=True)
 
 
-def _runs_row(run_dir: "RunDir", client: "SlurmClient") -> "RunRow":
-    """One run's row of ``air-hpc runs``; a run whose records cannot be read is marked, not fatal to the list."""
-    from air_hpc.errors import AirHpcError
-    from air_hpc.observe.overview import run_row, unreadable_row
-    from air_hpc.ops.control import run_status
-    from air_hpc.records.submissions import latest_submission
-    from air_hpc.slurm.jobs import JobState
+def _sweep(target: str, root: str | None = None) -> "SweepRecord":
+    """The sweep a command names; an unknown name is a one-line error with the sweeps there are."""
+    from air_hpc.ops.runs import runs_root
+    from air_hpc.ops.sweeps import find_sweep
+    from air_hpc.records.sweeps import SUFFIX
 
-    state, job_id, restarts, reason = "not submitted", None, None, ""
-    try:
-        job_id = latest_submission(run_dir).job_id
-        status = run_status(run_dir, client)
-        state, restarts = str(status.job.state), status.restarts
-        reason = status.job.reason if status.job.state is JobState.PENDING else ""
-    except AirHpcError as exc:
-        state = state if job_id is None else "unknown"
-        logging.getLogger(__name__).info("%s: %s", run_dir.path, exc)
-    try:
-        return run_row(run_dir, state, job_id, restarts, time.time(), reason)
-    except AirHpcError as exc:
-        return unreadable_row(run_dir, job_id, str(exc))
+    record = find_sweep(target, root)
+    if record is None:
+        base = runs_root(root)
+        known = sorted(p.name.removesuffix(SUFFIX) for p in base.glob(f"*{SUFFIX}")) if base.is_dir() else []
+        raise UserError(f"{target}: no sweep under {base} (sweeps there: {', '.join(known) or 'none'})")
+    return record
+
+
+def _sweep_runs(name: str, root: str | None, client: "SlurmClient", as_json: bool) -> None:
+    from air_hpc.cli.sweep_cmd import print_rows
+    from air_hpc.ops.sweeps import sweep_rows
+
+    record = _sweep(name, root)
+    rows = sweep_rows(record, client)
+    if as_json:
+        echo_json({**record.to_json(), "elements": [r.to_json() for r in rows]})
+        return
+    print_rows(rows)
+
+
+def _cancel_sweep(record: "SweepRecord", as_json: bool) -> None:
+    from air_hpc.ops.sweeps import cancel_sweep
+    from air_hpc.records.rundir import RunDir
+
+    outcomes = cancel_sweep(record, slurm_client())
+    if as_json:
+        echo_json(
+            {
+                "sweep": record.name,
+                "elements": [
+                    {"index": e.index, **(o.to_json(RunDir(e.run_dir)) if not isinstance(o, str) else {"error": o})}
+                    for e, o in outcomes
+                ],
+            }
+        )
+        return
+    for element, outcome in outcomes:
+        click.echo(f"{record.name}/{element.index}: {outcome if isinstance(outcome, str) else outcome.message()}")

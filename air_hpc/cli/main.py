@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "config": "air_hpc.cli.config_cmd:config",
     "render": "air_hpc.cli.job_cmds:render",
     "submit": "air_hpc.cli.job_cmds:submit",
+    "sweep": "air_hpc.cli.sweep_cmd:sweep",
     "status": "air_hpc.cli.job_cmds:status",
     "logs": "air_hpc.cli.job_cmds:logs",
     "cancel": "air_hpc.cli.job_cmds:cancel",

@@ -48,10 +48,15 @@ def plot(run: str, output: str) -> None:
 @click.argument("run")
 @json_option
 def report(run: str, as_json: bool) -> None:
-    """Goodput of RUN, what each restart cost, and the checkpoint overhead."""
+    """Goodput of RUN, what each restart cost, and the checkpoint overhead; a sweep's name: each element's."""
     from air_hpc.observe.progress import run_progress
     from air_hpc.observe.report import format_report
+    from air_hpc.ops.sweeps import find_sweep
 
+    record = find_sweep(run)
+    if record is not None:
+        _sweep_report([str(e.run_dir) for e in record.elements], as_json)
+        return
     _, records, built = _records(run)
     if as_json:
         progress = run_progress(records, time.time())
@@ -59,3 +64,23 @@ def report(run: str, as_json: bool) -> None:
         echo_json(data)
     else:
         click.echo(format_report(built))
+
+
+def _sweep_report(run_dirs: list[str], as_json: bool) -> None:
+    """Each element's report in turn; an element that has not started yet is said so, not fatal to the rest."""
+    from air_hpc.observe.report import format_report
+
+    reports: list[dict[str, object]] = []
+    for run_dir in run_dirs:
+        try:
+            _, _, built = _records(run_dir)
+        except UserError as exc:
+            reports.append({"run_dir": run_dir, "error": str(exc)})
+            if not as_json:
+                click.echo(f"==> {run_dir} <==\n{exc}\n")
+            continue
+        reports.append({"run_dir": run_dir, **built.to_json()})
+        if not as_json:
+            click.echo(f"==> {run_dir} <==\n{format_report(built)}\n")
+    if as_json:
+        echo_json(reports)

@@ -30,9 +30,20 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
 
 
+class SweepMember(Section):
+    """Which sweep a run is an element of, written by ``air-hpc sweep`` into the element's job.json."""
+
+    name: str = Field(min_length=1, description="The sweep's name (the job's run.name); elements are NAME-INDEX.")
+    index: int = Field(ge=0, description="The element's index: its Slurm array task id.")
+    overrides: dict[str, str] = Field(
+        default_factory=dict, description="The element's own KEY=VALUE settings (grid and random draws)."
+    )
+
+
 class RunConfig(Section):
     name: str = Field(min_length=1, description="Run name; the run directory is root/name.")
     root: Path = Field(Path("runs"), description="Directory holding run directories (made absolute at load).")
+    sweep: SweepMember | None = Field(None, description="Set by ``air-hpc sweep``: the sweep this run belongs to.")
 
     @field_validator("name")
     @classmethod

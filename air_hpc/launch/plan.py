@@ -109,6 +109,7 @@ def plan(
     python: str | None = None,
     test_only: bool = False,
     step_command: Sequence[str] | None = None,
+    dependency: str | None = None,
 ) -> Plan:
     """Choose nodes (live state when a client is given), render, and optionally ``sbatch --test-only`` it.
 
@@ -125,7 +126,7 @@ def plan(
             check_cluster_size(job, len(fetch_node_states(client).all_nodes), "sinfo")
     request, request_notes = node_request(job, live)
     notes.extend(request_notes)
-    spec = build_spec(job, request, python=python, step_command=step_command)
+    spec = build_spec(job, request, python=python, step_command=step_command, dependency=dependency)
     script = render_script(spec)
     checked = None
     if test_only and client is not None:

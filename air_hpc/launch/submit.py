@@ -11,6 +11,7 @@ resume all start from it.
 """
 
 import logging
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,8 +19,9 @@ from typing import Any
 
 from air_hpc.config.models import JobConfig
 from air_hpc.data.blend import check_for_training
-from air_hpc.errors import AirHpcError, CheckpointError, ConfigError, SlurmUnreachableError
+from air_hpc.errors import AirHpcError, CheckpointError, ConfigError, SlurmError, SlurmUnreachableError
 from air_hpc.exitcodes import ExitCode
+from air_hpc.launch.chain import check_chain, dependency
 from air_hpc.launch.executors import EntryFactory, default_entry, make_executor
 from air_hpc.launch.plan import Plan, plan
 from air_hpc.launch.resume import check_resume, set_aside
@@ -45,6 +47,8 @@ class Submission:
     """submitit's job object for the local executor."""
     set_aside: Path | None = None
     """Where ``fresh`` moved the run's previous directory."""
+    chain: tuple[str, ...] = ()
+    """``--chain N``: every link's job id, the first being ``job_id``."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -56,6 +60,7 @@ class Submission:
             "nodelist": self.plan.request.nodelist,
             "switches": self.plan.request.switches,
             "segment": self.plan.request.segment,
+            "chain": list(self.chain),
             "test_only": None
             if self.plan.test_only is None
             else {"start": self.plan.test_only.start, "nodelist": self.plan.test_only.nodelist},
@@ -78,6 +83,8 @@ def submit(
     step_command: Sequence[str] | None = None,
     force: bool = False,
     fresh: bool = False,
+    after: str | None = None,
+    chain: int = 1,
 ) -> Submission:
     """Validate, record and submit; returns once the job has an id (:mod:`air_hpc.ops.waiting` follows it).
 
@@ -87,9 +94,14 @@ def submit(
     lost sbatch's answer (settled first, :func:`~air_hpc.ownership.attempts.recorded_jobs`).
     Refuses checkpoints the job cannot load (:func:`~air_hpc.launch.resume.check_resume`); ``fresh``
     moves the run's existing directory aside (under the owner lock, once no live job owns it) and starts anew.
+    ``after``: a Slurm dependency (``afterok:12``); ``chain``: links of one run, one at a time
+    (:mod:`air_hpc.launch.chain`).
     """
     backend = make_executor(executor, client, entry)
     backend.check(job)
+    check_chain(job, executor, chain)
+    if after is not None and executor == "local":
+        raise ConfigError("--after: the local executor has no Slurm to wait with; use --executor slurm or submitit")
     check_resume(job, fresh)
     final = None if fresh else completed_step(job)
     if final is not None and not force:
@@ -108,6 +120,7 @@ def submit(
         python=python,
         test_only=executor != "local",
         step_command=step_command,
+        dependency=dependency(after, chain),
     )
     for note in plan_.notes:
         log.info("%s", note)
@@ -116,9 +129,22 @@ def submit(
         aside = set_aside(run) if fresh else None
         run_dir = write_run(plan_)
         launched = backend.launch(plan_, run_dir)
-        take_ownership(launched.job_id, executor, launched.process)
+        links = (launched.job_id, *more_links(client, run_dir, chain - 1)) if chain > 1 else ()
+        take_ownership(launched.job_id, executor, launched.process, chain=links)
     log.info("submitted job %s (%s) for run %s", launched.job_id, executor, run_dir.path)
-    return Submission(launched.job_id, executor, run_dir.path, plan_, launched.handle, aside)
+    return Submission(launched.job_id, executor, run_dir.path, plan_, launched.handle, aside, links)
+
+
+def more_links(client: SlurmClient, run_dir: RunDir, count: int) -> list[str]:
+    """The chain's further links: the same script again (``--dependency=singleton`` waits its turn)."""
+    links: list[str] = []
+    for _ in range(count):
+        try:
+            links.append(client.sbatch(run_dir.sbatch, [f"--comment=air-hpc-{uuid.uuid4().hex}"]))
+        except SlurmError as exc:
+            log.warning("the chain has %d link(s) only: submitting the next failed: %s", len(links) + 1, exc)
+            break
+    return links
 
 
 def check_data(job: JobConfig) -> None:

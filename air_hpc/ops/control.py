@@ -8,7 +8,7 @@ and the controller process they identify (:mod:`air_hpc.ownership.local_job`).
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,7 @@ from air_hpc.ops.states import trained_every_step
 from air_hpc.ops.waiting import poll_until
 from air_hpc.ownership.attempts import reconcile
 from air_hpc.ownership.local_job import CANCEL_GRACE_S, cancel_local, local_job_status
+from air_hpc.ownership.owner import read_owner
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import SubmissionRecord, latest_submission, record_cancel
 from air_hpc.slurm.client import SlurmClient
@@ -42,6 +43,13 @@ class RunStatus:
     """Why the run stopped on its own instead of requeueing (a crash loop), from its events."""
     last_crash: str | None = None
     """The rank and exception of the run's last crashed start (``rank_failed`` event), if any."""
+    queued_links: tuple[str, ...] = ()
+    """``submit --chain``: the links after the current job that Slurm still holds (the run goes on in them)."""
+
+    @property
+    def ended(self) -> bool:
+        """The run's job ended and no link of its chain is left to continue it."""
+        return self.job.state.terminal and not self.queued_links
 
     @property
     def restarts(self) -> int:
@@ -58,6 +66,7 @@ class RunStatus:
             "bad_nodes": list(self.bad_nodes),
             "stopped_because": self.stopped_because,
             "last_crash": self.last_crash,
+            "queued_links": list(self.queued_links),
         }
 
 
@@ -68,8 +77,16 @@ def run_status(run_dir: RunDir, client: SlurmClient) -> RunStatus:
     local = record.executor == "local"
     job = local_job_status(run_dir, record) if local else _slurm_job(run_dir, record, records, client)
     progress = run_progress(records, time.time())
+    links = () if local else tuple(_queued_links(run_dir, record, client))
     return RunStatus(
-        run_dir, record, job, progress, read_bad_nodes(run_dir.bad_nodes), stop_reason(records), last_crash(records)
+        run_dir,
+        record,
+        job,
+        progress,
+        read_bad_nodes(run_dir.bad_nodes),
+        stop_reason(records),
+        last_crash(records),
+        links,
     )
 
 
@@ -185,11 +202,28 @@ def cancel_run(run_dir: RunDir, client: SlurmClient) -> CancelOutcome:
             return CancelOutcome(record, False, str(before))
         record_cancel(run_dir, record.job_id)
         return CancelOutcome(record, not ended.survivors, str(before), detail=ended.describe(CANCEL_GRACE_S))
+    links = _queued_links(run_dir, record, client)
+    for link in links:  # the chain's next links first, so none starts in the moment between
+        client.scancel(link)
     live = [r for r in client.squeue([record.job_id]) if r.job_id == record.job_id]
     if not live or live[0].state.terminal:
-        return _ended(record, client, live[0].state if live else None)
+        outcome = _ended(record, client, live[0].state if live else None)
+        return replace(outcome, cancelled=bool(links), detail=_links_note(links) or outcome.detail)
     client.scancel(record.job_id)
-    return CancelOutcome(record, True, str(live[0].state))
+    return CancelOutcome(record, True, str(live[0].state), detail=_links_note(links))
+
+
+def _queued_links(run_dir: RunDir, record: SubmissionRecord, client: SlurmClient) -> list[str]:
+    """``submit --chain``: the links after the run's current job that Slurm still holds."""
+    owner = read_owner(run_dir)
+    later = [] if owner is None or not owner.chain else [j for j in owner.later_links() if j != record.job_id]
+    if not later:
+        return []
+    return [r.job_id for r in client.squeue(later) if not r.state.terminal]
+
+
+def _links_note(links: list[str]) -> str:
+    return f"also cancelled the chain's queued link(s) {', '.join(links)}" if links else ""
 
 
 def _ended(record: SubmissionRecord, client: SlurmClient, queued: JobState | None) -> CancelOutcome:
@@ -232,7 +266,7 @@ def watch_run(
 
     statuses = poll_until(
         poll,
-        lambda status: status.job.state.terminal,
+        lambda status: status.ended,
         timeout_s=timeout_s,
         poll_s=poll_s,
         what=lambda status: f"job {status.job.job_id} of run {status.run_dir.path.name} is {status.job.state}",

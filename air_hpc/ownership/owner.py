@@ -50,6 +50,14 @@ class Owner:
     time_s: float
     pid_start_s: float | None = None
     """Local executor: the start time of the controller process whose PID is the job id."""
+    chain: tuple[str, ...] = ()
+    """``submit --chain``: every link's job id, in order; each becomes the owner when it starts (one at a time)."""
+
+    def later_links(self) -> tuple[str, ...]:
+        """The chain's links after the owner (all but the first when the owner is not a link)."""
+        if self.job_id in self.chain:
+            return self.chain[self.chain.index(self.job_id) + 1 :]
+        return self.chain[1:]
 
     def local_process_alive(self) -> bool:
         """The local controller still runs: its PID exists and started when it did (not a reused PID)."""
@@ -68,6 +76,7 @@ def read_owner(run_dir: RunDir) -> Owner | None:
             executor=str(data["executor"]),
             time_s=float(data["time_s"]),
             pid_start_s=None if data.get("pid_start_s") is None else float(data["pid_start_s"]),
+            chain=tuple(str(j) for j in data.get("chain") or ()),
         )
     except FileNotFoundError:
         return None
@@ -89,9 +98,11 @@ def _locked(run_dir: RunDir, exclusive: bool) -> Iterator[None]:
 
 
 class RecordOwner(Protocol):
-    """What :func:`claim` yields: record the submitted job as the owner (a local job with its controller)."""
+    """What :func:`claim` yields: record the submitted job as the owner (a local job with its controller; a chain)."""
 
-    def __call__(self, job_id: str, executor: str, process: ProcessIdentity | None = None) -> Owner: ...
+    def __call__(
+        self, job_id: str, executor: str, process: ProcessIdentity | None = None, chain: Sequence[str] = ()
+    ) -> Owner: ...
 
 
 def _write(run_dir: RunDir, owner: Owner) -> None:
@@ -136,17 +147,34 @@ def claim(
         if current is not None:
             log.info("taking over %s from job %s, which has ended", run_dir.path, current.job_id)
 
-        def record(job_id: str, executor: str, process: ProcessIdentity | None = None) -> Owner:
-            owner = Owner(job_id, executor, time.time(), None if process is None else process.started_s)
+        def record(
+            job_id: str, executor: str, process: ProcessIdentity | None = None, chain: Sequence[str] = ()
+        ) -> Owner:
+            owner = Owner(job_id, executor, time.time(), None if process is None else process.started_s, tuple(chain))
             _write(run_dir, owner)
             return owner
 
         yield record
 
 
+def advance_chain(run_dir: RunDir, job_id: str) -> Owner | None:
+    """A chain's next link takes over from the link before it as it starts; the new owner, else None (no change).
+
+    Slurm runs one link at a time (``--dependency=singleton``), so the link that starts is the only live one.
+    """
+    with _locked(run_dir, exclusive=True):
+        owner = read_owner(run_dir)
+        if owner is None or owner.job_id == job_id or job_id not in owner.chain:
+            return None
+        successor = Owner(job_id, owner.executor, time.time(), None, owner.chain)
+        _write(run_dir, successor)
+        log.info("%s: chain link %s takes over from %s", run_dir.path, job_id, owner.job_id)
+        return successor
+
+
 def fence(run_dir: RunDir, environ: Mapping[str, str]) -> None:
     """Raise :class:`NotOwnerError` unless this process's job owns ``run_dir`` (or it was never claimed)."""
-    job_id = environ.get("SUBMITIT_LOCAL_JOB_ID") or SlurmEnv.from_environ(environ).job_id  # submitit's local first
+    job_id = environ.get("SUBMITIT_LOCAL_JOB_ID") or SlurmEnv.from_environ(environ).run_job_id  # local first
     with _locked(run_dir, exclusive=False):
         owner = read_owner(run_dir)
     if owner is None or job_id is None or owner.job_id == job_id:

@@ -69,11 +69,14 @@ def _placement(job: JobConfig, request: NodeRequest) -> list[Directive]:
     return found
 
 
-def slurm_directives(job: JobConfig, request: NodeRequest | None = None) -> tuple[Directive, ...]:
+def slurm_directives(
+    job: JobConfig, request: NodeRequest | None = None, dependency: str | None = None
+) -> tuple[Directive, ...]:
     """The job's sbatch options in the order the batch script writes them. Pure.
 
     ``--nodes`` counts the hot spares too; ``--no-kill`` keeps the job alive for them when a node
     dies. The stop signal goes to the batch shell (``B:``), which forwards it to the ranks.
+    ``dependency``: ``submit --after`` / ``--chain`` (``afterok:12``, ``singleton``).
     """
     request = request or NodeRequest()
     res, cluster, resil = job.resources, job.cluster, job.resilience
@@ -95,6 +98,7 @@ def slurm_directives(job: JobConfig, request: NodeRequest | None = None) -> tupl
         *_optional("constraint", cluster.constraint, "cluster.constraint"),
         *_placement(job, request),
         Directive("requeue", None, "resilience.max_restarts"),
+        *_optional("dependency", dependency, "--after/--chain"),
         *([Directive(NO_KILL, None, "resources.spare_nodes")] if res.spare_nodes else []),
         Directive("open-mode", "append", "run.root"),
         Directive("signal", f"B:{resil.signal}@{resil.signal_lead_s}", "resilience.signal"),

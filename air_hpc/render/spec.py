@@ -124,6 +124,7 @@ def build_spec(
     python: str | None = None,
     step_command: Sequence[str] | None = None,
     extra_env: Mapping[str, str] | None = None,
+    dependency: str | None = None,
 ) -> SbatchSpec:
     """Turn a resolved job (and the nodes chosen for it) into a spec.
 
@@ -143,7 +144,7 @@ def build_spec(
     res, container = job.resources, job.container
     return SbatchSpec(
         run_dir=run_dir,
-        directives=slurm_directives(job, request),
+        directives=slurm_directives(job, request, dependency),
         nodes=res.nodes,
         tasks_per_node=res.tasks_per_node,
         cpus_per_task=job.cpus_per_task,

@@ -43,6 +43,7 @@ a taken MASTER_PORT replaced on rank 0's node    no          the derived port, n
 """
 
 import argparse
+import json
 import logging
 import os
 import socket
@@ -51,15 +52,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from air_hpc.digits import ascii_int
 from air_hpc.errors import AirHpcError, SlurmError
 from air_hpc.exitcodes import NEVER_REQUEUED, REQUEUE_WORTHY, ExitCode
 from air_hpc.health.badnodes import read_bad_nodes
 from air_hpc.ownership.attempts import fence_settled
-from air_hpc.records.events import EventLog, Payload, Preempted, Requeue, payload_from_text
+from air_hpc.ownership.owner import advance_chain, read_owner
+from air_hpc.records.events import EventKind, EventLog, Payload, Preempted, Requeue, payload_from_text, read_events
 from air_hpc.records.files import atomic_write
 from air_hpc.records.generation import generation, generation_dir, read_exit_code, start_hostfile
 from air_hpc.records.rundir import RunDir
-from air_hpc.records.submissions import record_start
+from air_hpc.records.submissions import record_start, record_submission
 from air_hpc.runtime.rendezvous import free_master_port, master_port
 from air_hpc.slurm import hostlist
 from air_hpc.slurm.client import IN_JOB, SlurmClient
@@ -78,10 +81,13 @@ class JobStart:
     """One start of the job, from Slurm's environment in the batch shell."""
 
     job_id: str
+    """As the run's records name the job: ``ARRAY_INDEX`` for a sweep's element (:attr:`SlurmEnv.run_job_id`)."""
     restart_count: int
     nodelist: str
     """Slurm's expression of the allocation, as the ``started`` line records it."""
     allocated: tuple[str, ...]
+    number: int
+    """``SLURM_JOB_ID``, a number even for an array task: the rendezvous port derives from it."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "JobStart":
@@ -89,7 +95,10 @@ class JobStart:
         if slurm.job_id is None:
             raise BatchError("SLURM_JOB_ID is not set: this helper runs inside the batch script")
         expression = next((environ[var] for var in JOB_NODELIST if environ.get(var)), "")
-        return cls(slurm.job_id, slurm.restart_count, expression, slurm.nodelist)
+        number = ascii_int(slurm.job_id)
+        if number is None:
+            raise BatchError(f"SLURM_JOB_ID={slurm.job_id!r} is not a job id")
+        return cls(slurm.run_job_id or slurm.job_id, slurm.restart_count, expression, slurm.nodelist, number)
 
 
 def say(message: str) -> None:
@@ -129,7 +138,13 @@ def start(
     directory (``<generation>/hostfile``), which no other job writes. The lines: the start's directory
     (, rank 0's address and port).
     """
+    if advance_chain(run_dir, job.job_id) is not None:  # a chain's next link: the run's job from now on
+        record_submission(run_dir, job.job_id, "slurm")
     fence_settled(run_dir, environ, client)
+    owner = read_owner(run_dir)
+    if owner is not None and owner.chain and client is not None and run_complete(run_dir):
+        end_chain(run_dir, job, client, including_this=True)
+        raise BatchError(f"the run is complete: job {job.job_id} has nothing to train")
     start_dir = generation_dir(run_dir, generation(environ))
     first = job.allocated[0]
     if rank_hosts:
@@ -148,8 +163,8 @@ def _rendezvous_port(job: JobStart, rank_0_host: str, environ: Mapping[str, str]
     """This start's port; checked for being free, and replaced if not, where rank 0 runs on this node."""
     here = SlurmEnv.from_environ(environ).nodename or socket.gethostname()
     if rank_0_host == here:
-        return free_master_port(int(job.job_id), job.restart_count)
-    return master_port(int(job.job_id), job.restart_count)
+        return free_master_port(job.number, job.restart_count)
+    return master_port(job.number, job.restart_count)
 
 
 def emit(run_dir: RunDir, job: JobStart, payload: Payload, at_s: float | None = None) -> None:
@@ -184,6 +199,7 @@ def finish(
         say(f"step exited {rc}; the ranks' verdict is {verdict}")
         rc = verdict
     if rc == ExitCode.OK:
+        end_chain(run_dir, job, client)
         return rc, False
     if rc == ExitCode.CRASH_LOOP:
         say("restarts in a row made no progress (see the crash_loop event); not requeueing")
@@ -201,12 +217,52 @@ def finish(
         say(f"step exited {rc} after Slurm preempted the job; requeue by {preempted.requeue_by}")
         return rc, preempted.requeue_by == "batch"
     why = "crashed" if crashed else "requeue-worthy"
+    following = [] if crashed else live_links_after(run_dir, job, client)
+    if following:
+        say(f"step exited {rc} at a stop; the chain's next link, job {following[0]}, resumes the run")
+        return rc, False
     if job.restart_count < max_restarts:
         say(f"step exited {rc} ({why}); requeue {job.restart_count + 1} of {max_restarts}")
         emit(run_dir, job, Requeue(exit_code=rc, reason=why))
         return rc, True
     say(f"step exited {rc} but the restart budget ({max_restarts}) is spent")
     return rc, False
+
+
+def run_complete(run_dir: RunDir) -> bool:
+    """The run's final checkpoint is saved (``train.steps`` reached): read from job.json and events, no pydantic."""
+    try:
+        steps = int(json.loads(run_dir.job_json.read_text())["train"]["steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    saved = (e for e in read_events(run_dir.events) if e.get("kind") == EventKind.CHECKPOINT_SAVED)
+    return any(e.get("reason") == "final" and isinstance(e.get("step"), int) and e["step"] >= steps for e in saved)
+
+
+def live_links_after(run_dir: RunDir, job: JobStart, client: SlurmClient) -> list[str]:
+    """The chain's links after this job that Slurm still holds (queued), in order; empty outside a chain."""
+    owner = read_owner(run_dir)
+    links = [] if owner is None or owner.job_id != job.job_id else list(owner.later_links())
+    if not links:
+        return []
+    try:
+        queued = {r.job_id for r in client.squeue(links, retry=IN_JOB) if not r.state.terminal}
+    except SlurmError as exc:
+        log.warning("cannot ask Slurm for the chain's next links (%s); counting them as queued", exc)
+        return links
+    return [link for link in links if link in queued]
+
+
+def end_chain(run_dir: RunDir, job: JobStart, client: SlurmClient, including_this: bool = False) -> None:
+    """The run is complete: cancel the chain's links still queued, so none takes an allocation for nothing."""
+    for link in live_links_after(run_dir, job, client):
+        say(f"the run is complete; cancelling the chain's queued link {link}")
+        try:
+            client.scancel(link, retry=IN_JOB)
+        except SlurmError as exc:
+            say(f"could not cancel link {link} ({exc}); it will find the run complete and end at once")
+    if including_this:
+        client.scancel(job.job_id, retry=IN_JOB)
 
 
 def requeue(run_dir: RunDir, job: JobStart, pinned: str | None, client: SlurmClient) -> None:

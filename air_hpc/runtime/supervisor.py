@@ -239,7 +239,8 @@ class Supervisor:
         self.slurm = SlurmEnv.from_environ(self.environ)
         self.job_id = self.slurm.job_id or ""
         self.restart_count = self.slurm.restart_count
-        self.events = EventLog(run_dir.events, {"job_id": self.job_id, "restart_count": self.restart_count})
+        record_id = self.slurm.run_job_id or ""
+        self.events = EventLog(run_dir.events, {"job_id": record_id, "restart_count": self.restart_count})
         job_start = {k: v for k, v in environ.items() if k != STEP_ATTEMPT_ENV}
         self.start_dir = generation_dir(run_dir, generation(job_start))
         self.hostfile = self.slurm.hostfile or start_hostfile(self.start_dir)

@@ -31,7 +31,14 @@ from air_hpc.errors import (
     SlurmUnreachableError,
 )
 from air_hpc.slurm.accounting import FLEET_FIELDS, Accounting, iter_lines, parse_accounting
-from air_hpc.slurm.cluster import PARTITION_ARGS, Partition, parse_partitions
+from air_hpc.slurm.cluster import (
+    CONFIG_ARGS,
+    PARTITION_ARGS,
+    Partition,
+    SlurmSettings,
+    parse_partitions,
+    parse_show_config,
+)
 from air_hpc.slurm.controller import describe, refused_everywhere
 from air_hpc.slurm.jobs import (
     SACCT_FIELDS,
@@ -404,7 +411,8 @@ class SlurmClient:
     def squeue(
         self, job_ids: Sequence[str] = (), user: str | None = None, *, retry: RetryPolicy = PATIENT
     ) -> list[JobRecord]:
-        args = ["squeue", "--noheader", f"--format={SQUEUE_FORMAT}"]
+        # --array: one line per array task (a sweep's pending elements too), each by its ARRAY_INDEX id.
+        args = ["squeue", "--noheader", "--array", f"--format={SQUEUE_FORMAT}"]
         if job_ids:
             args.append(f"--jobs={','.join(job_ids)}")
         if user:
@@ -475,6 +483,10 @@ class SlurmClient:
     def srun_help(self) -> str:
         """srun's options, those of SPANK plugins (pyxis) included; read-only, it starts nothing."""
         return self.run(["srun", "--help"], retry=ONCE, check=False).stdout
+
+    def settings(self, *, retry: RetryPolicy = PATIENT) -> SlurmSettings:
+        """The controller's settings (``scontrol show config``): MaxArraySize, requeue, preemption."""
+        return parse_show_config(self.run(list(CONFIG_ARGS), retry=retry).stdout)
 
     def partitions(self, *, retry: RetryPolicy = PATIENT) -> tuple[Partition, ...]:
         """Every partition with its limits, default flag and GraceTime (``scontrol show partition``)."""

@@ -122,6 +122,8 @@ class SlurmSettings:
     kill_wait_s: int | None
     controllers: tuple[tuple[str, str], ...] = ()
     """(controller role, ``UP``/``DOWN``) as ``scontrol show config`` reports them."""
+    max_array_size: int | None = None
+    """``MaxArraySize``: array task ids must be below it (None when not reported)."""
 
     @property
     def preemption_enabled(self) -> bool:
@@ -165,6 +167,7 @@ def parse_show_config(text: str) -> SlurmSettings:
     max_requeue = _value(raw, "MaxBatchRequeue")
     conf = _value(raw, "SLURM_CONF")
     return SlurmSettings(
+        max_array_size=ascii_int(_value(raw, "MaxArraySize") or ""),
         version=version,
         cluster_name=_value(raw, "ClusterName"),
         conf_path=Path(conf) if conf else None,

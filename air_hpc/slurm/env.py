@@ -18,6 +18,9 @@ from air_hpc.slurm import hostlist
 log = logging.getLogger(__name__)
 
 JOB_ID = "SLURM_JOB_ID"
+#: An array task's array job and index: records name the task ``ARRAY_INDEX``, as squeue, sacct and scancel do.
+ARRAY_JOB_ID = "SLURM_ARRAY_JOB_ID"
+ARRAY_TASK_ID = "SLURM_ARRAY_TASK_ID"
 RESTART_COUNT = "SLURM_RESTART_COUNT"
 PROCID = "SLURM_PROCID"
 NTASKS = "SLURM_NTASKS"
@@ -59,6 +62,18 @@ class SlurmEnv:
     """``SLURM_JOB_START_TIME``; ``None`` also when it is not positive epoch seconds (logged)."""
     job_end_time_s: float | None = None
     """``SLURM_JOB_END_TIME``; as the start time."""
+    array_job_id: int | None = None
+    """``SLURM_ARRAY_JOB_ID``: the array this job is a task of (a sweep's element)."""
+    array_task_id: int | None = None
+    """``SLURM_ARRAY_TASK_ID``: the task's index in its array."""
+
+    @property
+    def run_job_id(self) -> str | None:
+        """The job as a run's records name it: ``ARRAY_INDEX`` for an array task (known at submit, stable across
+        requeues, and what every Slurm command takes), else ``SLURM_JOB_ID``."""
+        if self.array_job_id is not None and self.array_task_id is not None:
+            return f"{self.array_job_id}_{self.array_task_id}"
+        return self.job_id
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> "SlurmEnv":
@@ -77,6 +92,8 @@ class SlurmEnv:
             hostfile=Path(hostfile) if hostfile else None,
             job_start_time_s=epoch_seconds(environ, JOB_START_TIME),
             job_end_time_s=epoch_seconds(environ, JOB_END_TIME),
+            array_job_id=_count(environ, ARRAY_JOB_ID),
+            array_task_id=_count(environ, ARRAY_TASK_ID),
         )
 
 

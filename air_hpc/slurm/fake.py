@@ -69,6 +69,15 @@ def _directives(script: str) -> dict[str, str]:
     return found
 
 
+def _array_indices(spec: str) -> list[int]:
+    """``--array=0-3,7%2`` -> [0, 1, 2, 3, 7] (the ``%K`` limit is the scheduler's, not the fake's)."""
+    indices: list[int] = []
+    for part in spec.partition("%")[0].split(","):
+        low, _, high = part.partition("-")
+        indices.extend(range(int(low), int(high or low) + 1))
+    return indices
+
+
 @dataclass
 class FakeClusterText:
     """The fake's answers to the read-only cluster queries (``air-hpc doctor``), in Slurm's own text."""
@@ -107,6 +116,8 @@ class FakeSlurm(SlurmClient):
         """What ``scontrol --version`` prints."""
         self.pyxis = False
         """Whether srun has pyxis's SPANK options (``srun --help`` lists ``--container-image``)."""
+        self.max_array_size = 1001
+        """``MaxArraySize`` in ``scontrol show config`` when the fake has no cluster text."""
 
     # Driving the fake cluster.
 
@@ -190,9 +201,11 @@ class FakeSlurm(SlurmClient):
         job_id = str(self.next_id)
         self.next_id += 1
         comment = self._option(args, "comment") or opts.get("comment", "")
-        self.jobs[job_id] = FakeJob(
-            job_id, opts.get("job-name", "sbatch"), nodes, script, comment=comment, workdir=opts.get("chdir", "")
-        )
+        array = opts.get("array")
+        for task in [job_id] if array is None else [f"{job_id}_{i}" for i in _array_indices(array)]:
+            self.jobs[task] = FakeJob(
+                task, opts.get("job-name", "sbatch"), nodes, script, comment=comment, workdir=opts.get("chdir", "")
+            )
         if self.lose_sbatch_reply:
             return self._done(args, 1, err="sbatch: error: Batch job submission failed: Socket timed out on send/recv")
         return self._done(args, out=f"{job_id}\n")
@@ -248,6 +261,7 @@ class FakeSlurm(SlurmClient):
             for state, nodelist, code in runs:
                 values = {
                     "JobIDRaw": job.job_id,
+                    "JobID": job.job_id,
                     "State": "CANCELLED by 0" if state is JobState.CANCELLED else str(state),
                     "ExitCode": f"{code}:{job.exit_signal}",
                     "NNodes": str(job.nodes),
@@ -290,6 +304,8 @@ class FakeSlurm(SlurmClient):
         cluster_queries = {"config": "config", "partition": "partitions", "topology": "topology"}
         if words[:1] == ["show"] and words[1] in cluster_queries and self.cluster is not None:
             return self._done(args, out=getattr(self.cluster, cluster_queries[words[1]]))
+        if words[:2] == ["show", "config"]:  # no cluster text: the few settings the client reads
+            return self._done(args, out=f"SLURM_VERSION = 25.05.8\nMaxArraySize = {self.max_array_size}\n")
         if words[:2] == ["show", "partition"]:  # no cluster text: a controller without partitions
             return self._done(args, out="No partitions in the system\n")
         if words[:1] == ["requeue"]:

@@ -140,7 +140,7 @@ class JobStatus:
 #: squeue --format: job id, state, node count, nodes, reason, elapsed, limit, then the name.
 SQUEUE_FORMAT = "%i|%T|%D|%N|%r|%M|%l|%j"
 #: sacct --format with --parsable2 (``|``-separated, no trailing separator); the name last.
-SACCT_FIELDS = ("JobIDRaw", "State", "ExitCode", "NNodes", "NodeList", "Elapsed", "Timelimit", "JobName")
+SACCT_FIELDS = ("JobID", "State", "ExitCode", "NNodes", "NodeList", "Elapsed", "Timelimit", "JobName")
 
 
 def _split(line: str, fields: int, where: str) -> list[str]:

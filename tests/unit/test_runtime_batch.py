@@ -26,7 +26,7 @@ from air_hpc.runtime.rendezvous import master_port
 from air_hpc.slurm.fake import FakeJob, FakeSlurm
 from air_hpc.slurm.jobs import JobState
 
-JOB = JobStart("4242", 1, "n[7-8]", ("n7", "n8"))
+JOB = JobStart("4242", 1, "n[7-8]", ("n7", "n8"), 4242)
 
 
 def test_a_missing_host_gives_its_ranks_to_an_unused_node_and_the_others_stay() -> None:
@@ -133,7 +133,7 @@ def test_finish_decides_on_the_exit_code_contract(
     if verdict is not None:
         write_exit_code(start_dir, verdict)
     slurm = FakeSlurm()
-    assert finish(run_dir, start_dir, JobStart("4242", restarts, "n1", ("n1",)), code, 3, slurm) == expected
+    assert finish(run_dir, start_dir, JobStart("4242", restarts, "n1", ("n1",), 4242), code, 3, slurm) == expected
     requeues = [e for e in read_jsonl(run_dir.events) if e["kind"] == "requeue"]
     assert [e["exit_code"] for e in requeues] == ([expected[0]] if expected[1] else [])
     crashed = expected[0] not in REQUEUE_WORTHY
@@ -145,7 +145,7 @@ def test_requeue_keeps_bad_nodes_out_of_the_next_start(tmp_path: Path) -> None:
     run_dir.bad_nodes.write_text("n3  # hung: rank 5\n\n n1 # unhealthy\nn3\n")
     slurm = FakeSlurm()
     slurm.jobs["4242"] = FakeJob("4242", "run", 4, "", state=JobState.RUNNING)
-    requeue(run_dir, JobStart("4242", 0, "n[1-4]", ("n1", "n2", "n3", "n4")), "n[1-4]", slurm)
+    requeue(run_dir, JobStart("4242", 0, "n[1-4]", ("n1", "n2", "n3", "n4"), 4242), "n[1-4]", slurm)
     assert slurm.calls[-2] == ["scontrol", "requeue", "4242"]
     assert slurm.calls[-1] == ["scontrol", "update", "jobid=4242", "ExcNodeList=n1,n3", "ReqNodeList=n2,n4"]
 

@@ -62,7 +62,7 @@ def test_a_taken_port_is_replaced_by_one_that_can_be_bound() -> None:
 
 def test_the_batch_script_publishes_a_free_port_when_rank_0_runs_on_its_node(tmp_path: Path) -> None:
     with held_port(all_addresses=True) as job_id:
-        job = JobStart(str(job_id), 0, "n1", ("n1", "n2"))
+        job = JobStart(str(job_id), 0, "n1", ("n1", "n2"), job_id)
         on_n1 = {"SLURM_JOB_ID": str(job_id), "SLURMD_NODENAME": "n1"}
         *_, master, port = start(RunDir(tmp_path), job, on_n1, [], master=True)
         assert master == "n1" and int(port) != master_port(job_id) and can_bind(int(port))
