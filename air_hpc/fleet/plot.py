@@ -19,7 +19,7 @@ _COLORS = {
 
 def _time_split(report: FleetReport) -> dict[str, list[float]]:
     """Hours per tenant: productive (ours), and each badput cause."""
-    split = {"productive": [(t.goodput["runtime"] or 0.0) * t.node_seconds / 3600 for t in report.tenants]}
+    split = {"productive": [t.productive_s / 3600 for t in report.tenants]}
     for kind in BADPUT_KINDS:
         split[kind] = [t.badput_s[kind] / 3600 for t in report.tenants]
     return split
@@ -39,7 +39,7 @@ def plot_fleet(report: FleetReport, out: Path) -> Path:
     for kind, hours in _time_split(report).items():
         time_ax.barh(names, hours, left=left, color=_COLORS[kind], label=kind.replace("_", " "))
         left = [a + b for a, b in zip(left, hours, strict=True)]
-    time_ax.set_title("Job time by cause (hours; productive: runs with records)")
+    time_ax.set_title("Job time by cause (hours; productive: our runs)")
     time_ax.legend(fontsize=7, loc="lower right")
     xs = range(len(names))
     for offset, key in ((-0.2, "p50"), (0.2, "p95")):

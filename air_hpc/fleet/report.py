@@ -23,7 +23,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from air_hpc.fleet.jobs import FAILURE_KINDS, JobFacts, Window, group_jobs, job_facts
 from air_hpc.fleet.runs import RunFacts
@@ -50,8 +50,7 @@ class Prices:
         return None
 
 
-@dataclass(frozen=True)
-class JobOutcome:
+class JobOutcome(NamedTuple):
     """A job's facts from sacct, with what its run's records add (ours) and what it cost."""
 
     facts: JobFacts
@@ -112,6 +111,8 @@ class GroupReport:
     badput_s: Mapping[str, float]
     cost_usd: float | None
     jobs_with_records: int
+    productive_s: float = 0.0
+    """Productive step time of our jobs in the window (job-seconds, like the badput)."""
     queue_waits_s: tuple[float, ...] = field(default=(), repr=False)
     """Every first wait, for SLO attainment."""
     requeue_waits_s: tuple[float, ...] = field(default=(), repr=False)
@@ -139,6 +140,7 @@ class GroupReport:
             "badput_s": dict(self.badput_s),
             "cost_usd": self.cost_usd,
             "jobs_with_records": self.jobs_with_records,
+            "productive_s": self.productive_s,
         }
 
 
@@ -331,6 +333,7 @@ def group(key: str, jobs: Sequence[JobOutcome]) -> GroupReport:
         badput_s={kind: sum(j.badput_s[kind] for j in jobs) for kind in BADPUT_KINDS},
         cost_usd=sum(costs) if costs else None,
         jobs_with_records=sum(j.productive_s is not None for j in jobs),
+        productive_s=sum(j.productive_s or 0.0 for j in jobs),
         queue_waits_s=tuple(waits),
         requeue_waits_s=tuple(requeue_waits),
         worst=worst_jobs(jobs, WORST_PER_GROUP),

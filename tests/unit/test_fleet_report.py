@@ -283,3 +283,21 @@ def test_a_bad_price_names_its_file_and_line(
     profile.write_text("partition: batch\nusd_per_node_hours: 3\n")
     code, _, err = run_main(["fleet", "report", "--root", str(tmp_path), "--cluster", str(profile)])
     assert code == 2 and "unknown key 'cluster.usd_per_node_hours'; did you mean 'cluster.usd_per_node_hour'?" in err
+
+
+def test_the_benchmarks_synthetic_sacct_parses_and_adds_up() -> None:
+    """The benchmark's generator, small: every line parses, and the report's node-seconds and requeues equal the
+    lines' own, summed here with split (a job name may hold the separator: it is the last field)."""
+    from air_hpc.fleet.synthetic import sacct_lines
+
+    now_s = int(epoch(UNTIL))
+    lines = list(sacct_lines(400, seed=7, now_s=now_s))
+    parsed = parse_accounting(lines)
+    assert parsed.malformed == 0 and len(parsed.rows) == len(lines) > 400
+    fields = [dict(zip(FLEET_FIELDS, line.split("|", len(FLEET_FIELDS) - 1), strict=True)) for line in lines]
+    window = Window(now_s - 8 * 86400, now_s + 1)
+    report = build_fleet_report(parsed, window, {}, Prices())
+    assert report.total.node_seconds == sum(int(f["ElapsedRaw"]) * int(f["NNodes"]) for f in fields)
+    assert report.total.requeues == len(fields) - len({f["JobIDRaw"] for f in fields}) > 0
+    assert report.total.preemptions == sum(f["State"] == "PREEMPTED" for f in fields) > 0
+    assert {t.key for t in report.tenants} <= {f["Account"] for f in fields} and report.total.jobs == 400
