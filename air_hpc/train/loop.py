@@ -1,8 +1,8 @@
 """One optimizer step: micro-batches through Megatron's pipeline schedule, then the optimizer.
 
-Data order depends only on ``consumed_samples`` (see :mod:`air_hpc.train.data`),
+Data order depends only on ``consumed_samples`` (see :mod:`air_hpc.data.blend`),
 so a step is a pure function of the model state and that counter: the basis of
-bit-exact resume.
+bit-exact resume. The next step's micro-batches are read ahead while this one computes.
 """
 
 import functools
