@@ -263,6 +263,13 @@ class CheckpointConfig(Section):
         description="Longest a save waits for the previous async save's writers before abandoning that save "
         "(the newest complete checkpoint stays the one to resume from).",
     )
+    memory_interval_steps: int = Field(
+        0,
+        ge=0,
+        description="Steps between in-memory snapshots (0: off; 1: every step): each rank's state is copied to a "
+        "holder process on its node and to a buddy rank's holder on another node; an in-job restart resumes from "
+        "the newest snapshot complete across ranks, else from the newest checkpoint.",
+    )
     verify: Literal["size", "sha256"] = Field(
         "sha256",
         description="Check before resuming from a checkpoint: sha256 of every file (re-reads it once) or sizes only.",

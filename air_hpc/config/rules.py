@@ -197,6 +197,15 @@ RULES: tuple[Rule, ...] = (
         ),
     ),
     Rule(
+        "memory-snapshots-need-whole-optimizer-state",
+        "checkpoint.memory_interval_steps",
+        lambda j: j.checkpoint.memory_interval_steps > 0 and j.parallel.distributed_optimizer,
+        lambda j: (
+            "in-memory snapshots hold each rank's optimizer state_dict, which Megatron's distributed optimizer "
+            "keeps apart; set parallel.distributed_optimizer=false or checkpoint.memory_interval_steps=0"
+        ),
+    ),
+    Rule(
         "auto-interval-needs-mtbf",
         "checkpoint.interval_steps",
         lambda j: j.checkpoint.interval_steps == "auto" and j.resilience.mtbf_h is None,

@@ -42,6 +42,9 @@ class EventKind(StrEnum):
     CHECKPOINT_INTERVAL = "checkpoint_interval"  # train.trainer: ``interval_steps: auto`` chose (resilience.interval)
     FRESH_START = "fresh_start"  # resilience.checkpointer: no checkpoint verified; allow_fresh_start
     RESUME = "resume"  # resilience.checkpointer: loaded a checkpoint
+    SNAPSHOT_BUDDIES = "snapshot_buddies"  # resilience.memory: where each rank's in-memory snapshot copy goes
+    SNAPSHOT_SKIPPED = "snapshot_skipped"  # resilience.memory: a held snapshot failed its checks; not loaded
+    MEMORY_RESUME = "memory_resume"  # resilience.memory: resumed from in-memory snapshots
     CRASH_LOOP = "crash_loop"  # runtime.entry: restarts in a row saved nothing; the run stops itself
     RANK_FAILED = "rank_failed"  # runtime.entry: a rank's start ended in an exception, named here
     HANG = "hang"  # health.watchdog
@@ -179,6 +182,33 @@ class Resume(Payload):
 
 
 @dataclass(frozen=True)
+class SnapshotBuddies(Payload):
+    KIND = EventKind.SNAPSHOT_BUDDIES
+    buddies: dict[str, int]
+    """Rank -> the rank on another node that keeps its copy (ranks without one are absent)."""
+    refused: str | None
+
+
+@dataclass(frozen=True)
+class SnapshotSkipped(Payload):
+    KIND = EventKind.SNAPSHOT_SKIPPED
+    step: int
+    owner: int
+    node: str
+    why: str
+
+
+@dataclass(frozen=True)
+class MemoryResume(Payload):
+    KIND = EventKind.MEMORY_RESUME
+    step: int
+    seconds: float
+    sources: dict[str, str]
+    """Owner rank -> the node whose holder gave its snapshot."""
+    newest_checkpoint: int | None
+
+
+@dataclass(frozen=True)
 class CrashLoop(Payload):
     KIND = EventKind.CRASH_LOOP
     generation: str
@@ -284,7 +314,8 @@ PAYLOADS: Mapping[EventKind, type[Payload]] = {
     for p in (
         Start, Startup, Stop, Signal, Preempted, Requeue, CheckpointSaved, CheckpointFailed, CheckpointSkipped,
         CheckpointPartial, CheckpointInterval, FreshStart, Resume, CrashLoop, RankFailed, Hang, Unhealthy, Straggler,
-        NodeDead, SparesExhausted, InJobRestart, StepStarted, StepEnded,
+        NodeDead, SparesExhausted, InJobRestart, StepStarted, StepEnded, SnapshotBuddies, SnapshotSkipped,
+        MemoryResume,
     )
 }  # fmt: skip
 

@@ -78,6 +78,7 @@ from air_hpc.records.names import ARMED_FILE_PREFIX, BEAT_GLOB, STOP_REQUESTED_F
 from air_hpc.records.rundir import RunDir
 from air_hpc.runtime.probe import PROBE_TIMEOUT_S, probe_dead
 from air_hpc.runtime.rendezvous import free_port_from
+from air_hpc.runtime.snapholders import SOCKET_DIR_ENV, Holders, holder_dir
 from air_hpc.runtime.stop_signals import STOP_SIGNALS
 from air_hpc.slurm import env as slurm_env
 from air_hpc.slurm.client import SlurmClient
@@ -303,6 +304,7 @@ class Supervisor:
             rank_hosts = unpinned_order(self.job, self.blocks, allocated, bad)
         spares = tuple(n for n in allocated if n not in set(rank_hosts) and n not in set(bad))
         attempt = 0
+        holders = self._start_holders((*unique(rank_hosts), *spares))
         try:
             while True:
                 if self.stopping:
@@ -336,6 +338,18 @@ class Supervisor:
                 log.warning("%s; restarting the step with %s", reason, swaps)
         finally:
             self._end_step()
+            if holders is not None:
+                holders.stop()
+
+    def _start_holders(self, nodes: Sequence[str]) -> Holders | None:
+        """The per-node snapshot holders of ``checkpoint.memory_interval_steps`` (spares too), or None when off."""
+        if not self.job.checkpoint.memory_interval_steps:
+            return None
+        directory = holder_dir(self.job_id, self.restart_count)
+        holders = Holders(self.client, self.job_id, directory, self.run_dir.logs)
+        holders.start(nodes)
+        self.environ[SOCKET_DIR_ENV] = str(directory)
+        return holders
 
     def _run_step(self, attempt: int, rank_hosts: Sequence[str], spares: Sequence[str]) -> StepResult:
         env = self._step_env(attempt, rank_hosts)

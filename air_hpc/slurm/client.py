@@ -511,6 +511,22 @@ class SlurmClient:
             args.insert(1, f"--jobid={job_id}")
         return self.run(args, check=False, retry=ONCE).returncode == 0
 
+    def start_step(
+        self, host: str, argv: Sequence[str], job_id: str | None, log_path: Path
+    ) -> "subprocess.Popen[bytes]":
+        """Start a one-task helper step (``srun --overlap``) on ``host`` of the job and return at once.
+
+        The caller owns the process (a long-lived helper such as the snapshot holder) and ends it;
+        its output goes to ``log_path``. ``--overlap`` shares the training step's CPUs.
+        """
+        args = ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}", "--kill-on-bad-exit=0"]
+        if job_id:
+            args.insert(1, f"--jobid={job_id}")
+        args += list(argv)
+        log.info("starting %s", shlex.join(args))
+        with open(log_path, "ab") as out:
+            return subprocess.Popen(args, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=False)
+
     def scontrol_requeue(self, job_id: str, *, retry: RetryPolicy = ONCE) -> None:
         self.run(["scontrol", "requeue", job_id], retry=retry)
 

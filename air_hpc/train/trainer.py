@@ -37,6 +37,7 @@ from air_hpc.train.straggler_watch import StragglerWatch
 
 if TYPE_CHECKING:
     from air_hpc.resilience.checkpointer import Checkpointer
+    from air_hpc.resilience.memory import MemorySnapshots
     from air_hpc.resilience.state import Loaded
     from air_hpc.train.loop import StepResult
     from air_hpc.train.model import Model
@@ -117,25 +118,48 @@ def train(
     )
     if heartbeat is not None:
         heartbeat.beat("load", 0)
-    start = _resume(checkpoints, model)
+    snapshots = _open_snapshots(job, ctx, events)
+    start = _resume(checkpoints, model, snapshots, job.hardware.device)
     _mark(clock, "resume")
-    loop = _StepLoop(job, run_dir, ctx, model, checkpoints, events, start, heartbeat, clock, stop)
+    loop = _StepLoop(job, run_dir, ctx, model, checkpoints, events, start, heartbeat, clock, stop, snapshots)
     _mark(clock, "data")
     started = time.perf_counter()
     try:
         with checkpoints:
             summary = loop.run()
+            if snapshots is not None:
+                snapshots.wait()
     finally:
         loop.close()
+        if snapshots is not None:
+            snapshots.close()
     _log_sources(loop.samples, loop.consumed, f"after step {summary.last_step}:")
     if summary.exit_code == ExitCode.OK:
         log.info("trained steps %d..%d in %.1f s", start.first_step, job.train.steps, time.perf_counter() - started)
     return summary
 
 
-def _resume(checkpoints: "Checkpointer", model: "Model") -> _Start:
-    """Load the newest good checkpoint (collective); resume is the normal start."""
-    loaded = checkpoints.resume(model.state())
+def _open_snapshots(job: JobConfig, ctx: ParallelContext, events: EventLog) -> "MemorySnapshots | None":
+    """This rank's in-memory snapshots when ``checkpoint.memory_interval_steps`` is set (collective)."""
+    if not job.checkpoint.memory_interval_steps:
+        return None
+    from air_hpc.resilience.memory import open_snapshots
+
+    host = ctx.hostname or socket.gethostname()
+    return open_snapshots(job.checkpoint.memory_interval_steps, ctx.layout, host, events, job.cluster.topology_file)
+
+
+def _resume(checkpoints: "Checkpointer", model: "Model", snapshots: "MemorySnapshots | None", device: str) -> _Start:
+    """Load the newest in-memory snapshot, else the newest good checkpoint (collective); resume is the normal start.
+
+    A snapshot older than the newest committed checkpoint is not used (a requeue's checkpoint is newer).
+    """
+    loaded = None
+    if snapshots is not None:
+        newest = max(checkpoints.store.committed_steps(), default=None) if checkpoints.rank == 0 else None
+        loaded = snapshots.restore(model.state(), checkpoints.comm.broadcast_from_0(newest), device)
+    if loaded is None:
+        loaded = checkpoints.resume(model.state())
     if loaded is None:
         return _Start(None, 1, 0)
     consumed = int(loaded.extra["consumed_samples"])
@@ -162,11 +186,13 @@ class _StepLoop:
         heartbeat: Heartbeat | None,
         clock: StartupClock | None,
         stop: StopRequest | None,
+        snapshots: "MemorySnapshots | None" = None,
     ) -> None:
         from air_hpc.train.loop import StepRunner  # torch, as in train()
 
         self.job, self.ctx, self.model, self.events = job, ctx, model, events
         self.checkpoints, self.start, self.heartbeat, self.clock = checkpoints, start, heartbeat, clock
+        self.snapshots = snapshots
         self.consumed = start.consumed
         self.loss = math.nan
         self.samples = open_samples(job)
@@ -196,6 +222,9 @@ class _StepLoop:
             result = self._step(step)
             self._report(step, result)
             self.checkpoints.poll()
+            if self.snapshots is not None:
+                training = self.model.state().at(consumed_samples=self.consumed)
+                self.snapshots.after_step(step, training, self.job.hardware.device)
             reason = agree_stop(self.stop, self.deadline)
             if reason is not None:
                 self._stop(step, reason)
