@@ -116,6 +116,9 @@ class HardwareConfig(Section):
     gpus_per_node: int = Field(ge=0, description="GPUs per node (0 on CPU-only nodes).")
     gpu_mem_gb: int = Field(0, ge=0, description="Memory per GPU, for the pre-flight check.")
     cpus_per_node: int = Field(ge=1, description="CPU cores per node.")
+    host_mem_gb: int = Field(
+        0, ge=0, description="Host memory per node in GiB, for the in-memory snapshot fit check (0: unknown)."
+    )
     nvlink_domain_nodes: int = Field(
         1, ge=1, description="Nodes sharing one NVLink domain (1: NVLink inside a node only; 18 for GB200 NVL72)."
     )

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import submitit
 
 from air_hpc.config.models import JobConfig
+from air_hpc.resilience.snapshot_fit import check_snapshot_fit
 from air_hpc.errors import ConfigError
 from air_hpc.launch.plan import Plan
 from air_hpc.ownership.attempts import sbatch_recorded
@@ -80,7 +81,8 @@ class SbatchExecutor:
     name: Executor = "slurm"
 
     def check(self, job: JobConfig) -> None:
-        """Our own batch script does everything the job config asks."""
+        """Our own batch script does everything the job config asks, within the nodes' host memory."""
+        check_snapshot_fit(job)
 
     def launch(self, plan: Plan, run_dir: RunDir) -> Launched:
         return Launched(sbatch_recorded(self.client, run_dir, plan.job.run.name))
@@ -93,6 +95,7 @@ class SubmititSlurmExecutor:
 
     def check(self, job: JobConfig) -> None:
         _refuse_container(job, self.name)
+        _refuse_snapshots(job, self.name)
         submitit_options(slurm_directives(job))
 
     def launch(self, plan: Plan, run_dir: RunDir) -> Launched:
@@ -117,6 +120,7 @@ class SubmititLocalExecutor:
         if res.spare_nodes:
             raise ConfigError(f"resources.spare_nodes: {_NO_SPARES.format(executor=self.name)}")
         _refuse_container(job, self.name)
+        _refuse_snapshots(job, self.name)
 
     def launch(self, plan: Plan, run_dir: RunDir) -> Launched:
         job = plan.job
@@ -143,6 +147,16 @@ def make_executor(name: Executor, client: SlurmClient, entry: EntryFactory = def
     if name == "submitit":
         return SubmititSlurmExecutor(entry)
     return SubmititLocalExecutor(entry)
+
+
+def _refuse_snapshots(job: JobConfig, executor: str) -> None:
+    """In-memory snapshots live in holders the in-job supervisor starts, which only our batch script runs."""
+    if job.checkpoint.memory_interval_steps:
+        raise ConfigError(
+            f"checkpoint.memory_interval_steps: the {executor} executor cannot keep in-memory snapshots (their "
+            "per-node holders belong to the in-job supervisor of the slurm executor's batch script); use "
+            "--executor slurm, or checkpoint.memory_interval_steps=0"
+        )
 
 
 _NO_SPARES = (

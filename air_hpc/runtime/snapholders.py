@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from air_hpc.resilience.holder import SOCKET_DIR_ENV
+from air_hpc.slurm import env as slurm_env
 from air_hpc.slurm.client import SlurmClient
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,8 @@ class Holders:
     """The holder steps of one job start; :meth:`stop` ends every one still running."""
 
     def __init__(self, client: SlurmClient, job_id: str, directory: Path, log_dir: Path) -> None:
-        self.client = client
+        env = {k: v for k, v in client.env.items() if k != slurm_env.HOSTFILE}  # each holder places its one task
+        self.client = SlurmClient(env=env)
         self.job_id = job_id
         self.directory = directory
         self.log_dir = log_dir

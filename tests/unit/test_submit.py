@@ -15,6 +15,7 @@ from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import latest_submission, record_submission, submissions
 from air_hpc.slurm.fake import FakeClusterText, FakeSlurm
 from air_hpc.slurm.jobs import JobState
+from tests.conftest import RunMain
 
 REPO = Path(__file__).resolve().parents[2]
 TESTBED_JOB = REPO / "configs" / "jobs" / "gpt-tiny-testbed.yaml"
@@ -399,3 +400,20 @@ def test_a_save_that_fits_or_no_grace_time_submits(tmp_path: Path, grace_s: int,
     overrides = [] if partition else ["cluster.partition=null"]
     submit(job_in(tmp_path, *overrides), "slurm", fake)
     assert any(c[:2] == ["sbatch", "--parsable"] for c in fake.calls)
+
+
+def test_snapshots_that_do_not_fit_host_memory_are_one_line_at_submit(tmp_path: Path, run_main: RunMain) -> None:
+    big = ["--set", "model=gpt-1.3b", "--set", "resources.mem_gb=16", "--set", "checkpoint.memory_interval_steps=1"]
+    code, out, err = run_main(["submit", str(TESTBED_JOB), *sets(tmp_path), *big, "--dry-run"])
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith("error: checkpoint.memory_interval_steps: in-memory snapshots need about 39.8 GiB")
+    assert "resources.mem_gb is 16 GiB" in err
+    fake = FakeSlurm()
+    submit(job_in(tmp_path, "resources.mem_gb=16", "checkpoint.memory_interval_steps=1"), "slurm", fake)  # gpt-tiny fits
+    assert len(fake.jobs) == 1
+
+
+def test_executors_without_the_supervisor_refuse_snapshots(tmp_path: Path) -> None:
+    job = job_in(tmp_path, "checkpoint.memory_interval_steps=1", job_file=LOCAL_JOB)
+    with pytest.raises(ConfigError, match=r"^checkpoint\.memory_interval_steps: the local executor cannot keep"):
+        submit(job, "local", FakeSlurm())
