@@ -26,7 +26,6 @@ from typing import Any, Protocol
 import submitit
 
 from air_hpc.config.models import JobConfig
-from air_hpc.resilience.snapshot_fit import check_snapshot_fit
 from air_hpc.errors import ConfigError
 from air_hpc.launch.plan import Plan
 from air_hpc.ownership.attempts import sbatch_recorded
@@ -37,6 +36,7 @@ from air_hpc.records.submissions import Executor, record_submission
 from air_hpc.render import job_environment
 from air_hpc.render.directives import NO_KILL, Directive, slurm_directives
 from air_hpc.render.quoting import shell_quote
+from air_hpc.resilience.snapshot_fit import check_snapshot_fit
 from air_hpc.runtime.entry import TrainingEntry
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.cluster import parse_minutes

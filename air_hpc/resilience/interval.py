@@ -6,6 +6,13 @@ that minimises the expected waste: time spent saving plus work redone after a fa
 cost is what training waits for a save (an async save's snapshot stall, a sync save's whole write),
 measured in this job and agreed across ranks (the slowest rank's), so every rank checkpoints at the
 same steps. The first periodic save comes right after the first step of a start: it measures the cost.
+
+With in-memory snapshots (``checkpoint.memory_interval_steps``) the persistent checkpoint is the
+second level of a two-level scheme (Vaidya 1994; Moody et al., SCR, 2010): a failure the job survives
+in place (a crashed rank, a dead node while a hot spare is left) redoes at most the memory interval,
+and only the failures that end the job start redo work since the last persistent checkpoint. With
+``K`` spares that is one failure in ``K + 1``, so the persistent level's interval is Daly's for a
+mean time between failures ``(K + 1)`` times the nodes' (:func:`persistent_mtbf_h`).
 """
 
 import logging
@@ -39,6 +46,17 @@ def expected_waste(save_cost_s: float, interval_s: float, mtbf_s: float) -> floa
     """
     period = interval_s + save_cost_s
     return save_cost_s / period + period / (2 * mtbf_s)
+
+
+def persistent_mtbf_h(mtbf_h: float, memory_snapshots: bool, spare_nodes: int, nodes: int) -> float:
+    """The mean time between failures that lose the work since the last persistent checkpoint.
+
+    Without in-memory snapshots (or with one node, where no buddy copy survives the node), every failure does.
+    With them, only a failure that finds no spare left ends the job start: one in ``spare_nodes + 1``.
+    """
+    if not memory_snapshots or nodes < 2:
+        return mtbf_h
+    return mtbf_h * (spare_nodes + 1)
 
 
 @dataclass(frozen=True)

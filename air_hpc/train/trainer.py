@@ -26,7 +26,7 @@ from air_hpc.health.busy import BusyMeter
 from air_hpc.health.heartbeat import Heartbeat
 from air_hpc.records.events import EventLog, Stop
 from air_hpc.records.rundir import RunDir
-from air_hpc.resilience.interval import CheckpointSchedule
+from air_hpc.resilience.interval import CheckpointSchedule, persistent_mtbf_h
 from air_hpc.resilience.signals import Deadline, StopRequest, agree_stop
 from air_hpc.resilience.store import CheckpointStore
 from air_hpc.train import metrics as metrics_mod
@@ -213,7 +213,7 @@ class _StepLoop:
         self.deadline = Deadline.from_env(
             job.resources.time_limit_min, job.resilience.time_margin_s, submissions=run_dir.submissions
         )
-        self.schedule = CheckpointSchedule(job.checkpoint.interval_steps, job.resilience.mtbf_h)
+        self.schedule = CheckpointSchedule(job.checkpoint.interval_steps, _persistent_mtbf_h(job, snapshots))
         self.watch = _straggler_watch(job, run_dir, ctx, events)
 
     def run(self) -> RunSummary:
@@ -320,6 +320,19 @@ def _log_sources(samples: BlendedSamples, consumed: int, when: str) -> None:
     """Samples drawn from each data source so far (the blend's schedule gives them without counting)."""
     counts = samples.source_counts(consumed)
     log.info("data %s %s", when, ", ".join(f"{key} {n} samples" for key, n in counts.items()))
+
+
+def _persistent_mtbf_h(job: JobConfig, snapshots: "MemorySnapshots | None") -> float | None:
+    """``resilience.mtbf_h`` as the persistent checkpoint sees it: in-memory snapshots absorb in-job failures."""
+    mtbf_h = job.resilience.mtbf_h
+    if mtbf_h is None:
+        return None
+    effective = persistent_mtbf_h(mtbf_h, snapshots is not None, job.resources.spare_nodes, job.resources.nodes)
+    if effective != mtbf_h:
+        log.info(
+            "checkpoint interval: MTBF %g h for the persistent level (%g h, in-memory snapshots)", effective, mtbf_h
+        )
+    return effective
 
 
 def _straggler_watch(job: JobConfig, run_dir: RunDir, ctx: ParallelContext, events: EventLog) -> StragglerWatch | None:

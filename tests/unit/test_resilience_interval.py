@@ -89,3 +89,14 @@ def test_report_shows_expected_and_measured_loss() -> None:
         "interval     auto: every 4 step(s) for a 0.50 s save and MTBF 0.01 h; loss to saves and redone work "
         "expected 12.5%, measured 5.0%" in format_report(report)
     )
+
+
+def test_in_memory_snapshots_stretch_the_persistent_interval_by_the_failures_they_absorb() -> None:
+    from air_hpc.resilience.interval import persistent_mtbf_h
+
+    assert persistent_mtbf_h(10.0, memory_snapshots=False, spare_nodes=2, nodes=4) == 10.0
+    assert persistent_mtbf_h(10.0, memory_snapshots=True, spare_nodes=0, nodes=4) == 10.0
+    assert persistent_mtbf_h(10.0, memory_snapshots=True, spare_nodes=2, nodes=4) == 30.0
+    assert persistent_mtbf_h(10.0, memory_snapshots=True, spare_nodes=2, nodes=1) == 10.0  # no buddy off the node
+    cheap = choose(save_cost_s=2.0, step_time_s=1.0, mtbf_h=persistent_mtbf_h(1.0, True, 1, 2))
+    assert cheap.steps > choose(save_cost_s=2.0, step_time_s=1.0, mtbf_h=1.0).steps

@@ -92,7 +92,7 @@ def test_a_snapshot_of_another_step_or_rank_is_refused() -> None:
 
 
 def test_values_outside_plain_data_are_refused_when_taken() -> None:
-    with pytest.raises(SnapshotError, match="cannot store object at state.x"):
+    with pytest.raises(SnapshotError, match=r"cannot store object at state\.x"):
         snapshot.capture(SnapshotInfo(0, 1, 1, LAYOUT), {"x": object()})
 
 

@@ -409,7 +409,8 @@ def test_snapshots_that_do_not_fit_host_memory_are_one_line_at_submit(tmp_path: 
     assert err.startswith("error: checkpoint.memory_interval_steps: in-memory snapshots need about 39.8 GiB")
     assert "resources.mem_gb is 16 GiB" in err
     fake = FakeSlurm()
-    submit(job_in(tmp_path, "resources.mem_gb=16", "checkpoint.memory_interval_steps=1"), "slurm", fake)  # gpt-tiny fits
+    tiny = job_in(tmp_path, "resources.mem_gb=16", "checkpoint.memory_interval_steps=1")
+    submit(tiny, "slurm", fake)  # gpt-tiny fits
     assert len(fake.jobs) == 1
 
 
