@@ -317,6 +317,12 @@ class Supervisor:
                 hosts = unique(rank_hosts)
                 newly_bad = [n for n in read_bad_nodes(self.run_dir.bad_nodes) if n not in set(bad)]
                 failed = failed_nodes(result, hosts, newly_bad, with_spares=bool(res.spare_nodes))
+                if not failed and self._restarts_in_place(result, attempt):
+                    attempt += 1
+                    reason = self._reason(result, code)
+                    self._emit(InJobRestart(attempt=attempt, replaced={}, reason=reason, spares_left=list(spares)))
+                    log.warning("%s; restarting the step on the same nodes from the in-memory snapshots", reason)
+                    continue
                 if not failed:
                     log.warning("step exited %d without a node to blame; handing it to the batch script", code)
                     return code
@@ -340,6 +346,15 @@ class Supervisor:
             self._end_step()
             if holders is not None:
                 holders.stop()
+
+    def _restarts_in_place(self, result: StepResult, attempts: int) -> bool:
+        """A rank crashed on a live node and the snapshot holders keep the state: restart on the same nodes.
+
+        Only a crash (not a hang, whose node may be at fault), at most ``resilience.max_restarts`` times a start.
+        """
+        if not self.job.checkpoint.memory_interval_steps or attempts >= self.job.resilience.max_restarts:
+            return False
+        return result.first_failure is not None and not result.dead_nodes and not result.hung
 
     def _start_holders(self, nodes: Sequence[str]) -> Holders | None:
         """The per-node snapshot holders of ``checkpoint.memory_interval_steps`` (spares too), or None when off."""

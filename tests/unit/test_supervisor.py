@@ -243,6 +243,30 @@ def test_without_spares_a_crashed_rank_on_a_live_node_is_handed_back_unchanged(
     assert [e["kind"] for e in read_events(run_dir.events)] == ["step_started", "step_ended"]
 
 
+def test_with_memory_snapshots_a_crashed_rank_restarts_on_the_same_nodes(tmp_path: Path, small_corpus: Path) -> None:
+    """The holders keep the snapshots across the failed step: no requeue, no node blamed, bounded by max_restarts."""
+    job = job_in(tmp_path, small_corpus, "resources.spare_nodes=0", "checkpoint.memory_interval_steps=1")
+    sup, run_dir, log = supervised(tmp_path, small_corpus, "crash,crash,ok", spares=0)
+    sup.job = job
+    started: list[tuple[str, ...]] = []
+    sup._start_holders = lambda nodes: started.append(tuple(nodes))  # type: ignore[method-assign,func-returns-value]
+    assert sup.run() == ExitCode.OK
+    assert started == [("n3", "n4")]
+    assert [line.split()[:5] for line in log.read_text().splitlines()] == [
+        [str(a), "n3", "n3", "n4", "n4"] for a in range(3)
+    ]
+    assert not run_dir.bad_nodes.exists() or read_bad_nodes(run_dir.bad_nodes) == ()
+    restarts = [e for e in read_events(run_dir.events) if e["kind"] == "in_job_restart"]
+    assert [(e["attempt"], e["replaced"]) for e in restarts] == [(1, {}), (2, {})]
+    assert "rank crash: task 3 on n4" in restarts[0]["reason"]
+
+    sup, run_dir, log = supervised(tmp_path / "again", small_corpus, "crash,crash,crash,crash,ok", spares=0)
+    sup.job = job
+    sup._start_holders = lambda nodes: None  # type: ignore[method-assign]
+    assert sup.run() == 137  # resilience.max_restarts (3) in-place restarts, then the batch script's requeue
+    assert len(log.read_text().splitlines()) == 4
+
+
 def test_when_every_node_reported_its_tasks_the_probe_is_not_waited_for(tmp_path: Path, small_corpus: Path) -> None:
     """A node whose stepd reported a task's end is alive: after srun's own teardown there is nothing to probe."""
     sup, run_dir, _ = supervised(tmp_path, small_corpus, "teardown", spares=0)
