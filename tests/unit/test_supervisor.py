@@ -249,7 +249,7 @@ def test_with_memory_snapshots_a_crashed_rank_restarts_on_the_same_nodes(tmp_pat
     sup, run_dir, log = supervised(tmp_path, small_corpus, "crash,crash,ok", spares=0)
     sup.job = job
     started: list[tuple[str, ...]] = []
-    sup._start_holders = lambda nodes: started.append(tuple(nodes))  # type: ignore[method-assign,func-returns-value]
+    sup._start_holders = lambda nodes: started.append(tuple(nodes))  # type: ignore[method-assign]
     assert sup.run() == ExitCode.OK
     assert started == [("n3", "n4")]
     assert [line.split()[:5] for line in log.read_text().splitlines()] == [
