@@ -29,7 +29,7 @@ from air_hpc.chaos.schedule import NO_RESTART_KINDS, Fault
 from air_hpc.exitcodes import ExitCode
 from air_hpc.observe.compare import Comparison
 from air_hpc.observe.records import Event, RunRecords, StepRecord
-from air_hpc.records.events import EventKind
+from air_hpc.records.events import RESUME_KINDS, EventKind
 
 #: Events that show the job noticed a fault (the batch shell, the ranks' stop, the watchdog, the pre-flight
 #: check, the supervisor's dead node, a rank's exception, the requeue).
@@ -183,7 +183,7 @@ def _restart_outcome(
     records: RunRecords, injection: Injection, events: list[Event], restart: Event, after: list[StepRecord]
 ) -> _Restarted:
     """When training went on, the step it resumed from, the steps lost, and when the lost progress was reached."""
-    resume = next((e for e in events if e.kind == EventKind.RESUME and e.time_s >= restart.time_s), None)
+    resume = next((e for e in events if e.kind in RESUME_KINDS and e.time_s >= restart.time_s), None)
     step = resume.number("step") if resume else None
     resumed_from = int(step) if step is not None else 0  # no resume event: started from scratch
     first_step = next((s.time_s for s in after if s.time_s is not None and s.time_s > restart.time_s), None)

@@ -34,7 +34,7 @@ from air_hpc.observe.records import (
     crash_text,
     stop_reason,
 )
-from air_hpc.records.events import EventKind
+from air_hpc.records.events import RESUME_KINDS, EventKind
 
 
 @dataclass(frozen=True)
@@ -175,8 +175,8 @@ def _interruption(records: RunRecords, since_s: float, until_s: float) -> tuple[
 
 
 def _resumed_from(records: RunRecords, since_s: float, until_s: float) -> int:
-    """The checkpoint step a start resumed from (0: from scratch)."""
-    steps = [e.number("step") for e in records.of_kind(EventKind.RESUME) if since_s <= e.time_s < until_s]
+    """The step a start resumed from, a checkpoint's or an in-memory snapshot's (0: from scratch)."""
+    steps = [e.number("step") for e in records.of_kind(*RESUME_KINDS) if since_s <= e.time_s < until_s]
     return int(steps[0]) if steps and steps[0] is not None else 0
 
 

@@ -308,6 +308,10 @@ class StepEnded(Payload):
     elapsed_s: float
 
 
+#: The kinds that say a start resumed (its ``step``): from a persistent checkpoint or from in-memory snapshots.
+RESUME_KINDS = frozenset({EventKind.RESUME, EventKind.MEMORY_RESUME})
+
+
 #: Each kind's payload class (one each: ``tests/unit/test_event_kinds.py``).
 PAYLOADS: Mapping[EventKind, type[Payload]] = {
     p.KIND: p
