@@ -157,6 +157,20 @@ def test_a_killed_rank_is_detected_resumed_and_its_steps_since_the_checkpoint_co
     assert outcome.seconds_lost == pytest.approx(27.0) and outcome.detected_by == "requeue"
 
 
+def test_a_resume_from_in_memory_snapshots_counts_from_the_snapshots_step() -> None:
+    records = _records(
+        [(1, 101.0), (2, 102.0), (3, 103.0), (4, 104.0), (5, 109.0)],
+        [
+            {"time": 103.5, "kind": "checkpoint_saved", "step": 3},
+            {"time": 104.9, "kind": "in_job_restart", "attempt": 1, "replaced": {}, "reason": "x", "spares_left": []},
+            {"time": 107.0, "kind": "start", "generation": "7-0.1"},
+            {"time": 108.0, "kind": "memory_resume", "step": 4, "seconds": 0.1, "sources": {}, "newest_checkpoint": 3},
+        ],
+    )
+    outcome = fault_outcome(records, _injection(1, "rank-kill", 104.5), float("inf"))
+    assert (outcome.resumed_from_step, outcome.steps_lost) == (4, 0)
+
+
 def test_a_resume_a_later_fault_trained_again_still_counts_as_recovered() -> None:
     """Fault 1's restart trained steps 4-5, fault 2 struck and its resume dropped their metrics: the startup
     event (never rewritten) still shows fault 1 recovered (the campaign said 'not recovered', 'LOST')."""
