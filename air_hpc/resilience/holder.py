@@ -6,6 +6,7 @@ payload's length. The holder never interprets a payload; the reader checks it
 """
 
 import json
+import os
 import socket
 import struct
 import time
@@ -84,6 +85,10 @@ class HolderClient:
                     raise HolderError(f"snapshot holder {self.path}: {exc}") from exc
                 time.sleep(0.1)
                 continue
+            owner = os.stat(self.path).st_uid
+            if owner != os.getuid():
+                sock.close()
+                raise HolderError(f"snapshot holder {self.path}: owned by uid {owner}, not this user; not used")
             self._sock = sock
             self._connected_once = True
             return sock

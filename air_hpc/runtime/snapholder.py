@@ -23,6 +23,7 @@ import os
 import signal
 import socket
 import socketserver
+import stat
 import sys
 import threading
 from collections.abc import Sequence
@@ -109,6 +110,10 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 def serve(path: Path) -> None:
     """Hold snapshots at ``path`` until SIGTERM/SIGINT (the socket is removed on the way out)."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for directory, owners in ((path.parent.parent, (0, os.getuid())), (path.parent, (os.getuid(),))):
+        info = os.lstat(directory)  # another user's directory on the way could swap the socket for theirs
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid not in owners:
+            raise SystemExit(f"snapholder: {directory} is not this user's directory; refusing to hold snapshots")
     os.chmod(path.parent, 0o700)
     with contextlib.suppress(FileNotFoundError):
         path.unlink()  # a stale socket of this node from a holder that was killed
