@@ -151,15 +151,20 @@ class _Parser:
         self.strings: dict[str, str] = {}
         self.states: dict[str, JobState] = {}
         self.tres: dict[str, int] = {}
-
-    def share(self, text: str) -> str:
-        return self.strings.setdefault(text, text)
+        self.counts: dict[str, int] = {}
 
     def state(self, text: str) -> JobState:
         state = self.states.get(text)
         if state is None:
             state = self.states[text] = parse_state(text)
         return state
+
+    def small(self, text: str, what: str) -> int:
+        """A count with few distinct values (nodes, exit codes), parsed once each."""
+        value = self.counts.get(text)
+        if value is None:
+            value = self.counts[text] = _count(text, what)
+        return value
 
     def row(self, line: str) -> AccountingRow:
         parts = line.split("|", _FIELDS - 1)
@@ -173,28 +178,29 @@ class _Parser:
         gpus = self.tres.get(tres)
         if gpus is None:
             gpus = self.tres[tres] = gpus_of_tres(tres)
-        submit_s = self.times(submit, "Submit")
+        times, share = self.times, self.strings.setdefault
+        submit_s = times(submit, "Submit")
         if submit_s is None:
             raise _Malformed(f"Submit {submit!r} is not a time")
         return AccountingRow(
-            job_id=self.share(job_id),
-            display_id=self.share(display),
-            account=self.share(account),
-            qos=self.share(qos),
-            user=self.share(user),
-            partition=self.share(partition),
-            state=self.state(state),
-            exit_code=_count(code, "ExitCode"),
-            exit_signal=_count(signal or "0", "ExitCode signal"),
-            submit_s=submit_s,
-            eligible_s=self.times(eligible, "Eligible"),
-            start_s=self.times(start, "Start"),
-            end_s=self.times(end, "End"),
-            elapsed_s=_count(elapsed, "ElapsedRaw"),
-            nodes=_count(nodes, "NNodes"),
-            gpus=gpus,
-            reason=self.share(reason if reason != "None" else ""),
-            name=self.share(name),
+            share(job_id, job_id),
+            share(display, display),
+            share(account, account),
+            share(qos, qos),
+            share(user, user),
+            share(partition, partition),
+            self.states.get(state) or self.state(state),
+            self.small(code, "ExitCode"),
+            self.small(signal or "0", "ExitCode signal"),
+            submit_s,
+            submit_s if eligible == submit else times(eligible, "Eligible"),
+            times(start, "Start"),
+            times(end, "End"),
+            _count(elapsed, "ElapsedRaw"),
+            self.small(nodes, "NNodes"),
+            gpus,
+            "" if reason == "None" else share(reason, reason),
+            share(name, name),
         )
 
 
