@@ -27,7 +27,7 @@ from air_hpc.slurm.client import ONCE, SlurmClient
 from air_hpc.slurm.jobs import TestOnlyResult
 from air_hpc.slurm.nodes import fetch_node_states
 from air_hpc.slurm.survey import partitions_with_nodes
-from air_hpc.slurm.version import SlurmVersion, parse_version
+from air_hpc.slurm.version import REQUEUE_EXPEDITE_FROM, SlurmVersion, parse_version
 from air_hpc.topology import files
 from air_hpc.topology.request import NodeRequest, check_cluster_size, count_only, request_nodes
 
@@ -86,14 +86,31 @@ def profile_version(job: JobConfig) -> SlurmVersion | None:
     return None if recorded is None else parse_version(f"slurm {recorded}", "cluster.slurm_version")
 
 
-def ask_live(job: JobConfig, client: SlurmClient, notes: list[str]) -> LiveCluster:
-    """The node states and release for a topology-aware request; an unreachable controller becomes a note."""
+def release(job: JobConfig, client: SlurmClient, notes: list[str]) -> SlurmVersion | None:
+    """The controller's release: ``cluster.slurm_version``, else ``scontrol --version``; unknown is a note."""
     version = profile_version(job)
     if version is None:
         try:
             version = client.version(retry=ONCE)
         except SlurmError as exc:
             notes.append(f"Slurm release unknown ({str(exc).splitlines()[0] if str(exc) else exc})")
+    return version
+
+
+def expedite_allowed(version: SlurmVersion | None, client: SlurmClient, notes: list[str]) -> bool:
+    """Whether this controller takes ``--requeue=expedite``: 25.11 or later with ``enable_expedited_requeue``."""
+    if version is None or version < REQUEUE_EXPEDITE_FROM:
+        return False
+    try:
+        return client.settings(retry=ONCE).expedited_requeue
+    except SlurmError as exc:
+        notes.append(f"expedited requeue not used: cannot read SlurmctldParameters ({exc})")
+        return False
+
+
+def ask_live(job: JobConfig, client: SlurmClient, notes: list[str]) -> LiveCluster:
+    """The node states and release for a topology-aware request; an unreachable controller becomes a note."""
+    version = release(job, client, notes)
     try:
         states = fetch_node_states(client)
     except SlurmUnreachableError as exc:
@@ -110,12 +127,16 @@ def plan(
     test_only: bool = False,
     step_command: Sequence[str] | None = None,
     dependency: str | None = None,
+    version: SlurmVersion | None = None,
+    expedite: bool | None = None,
 ) -> Plan:
     """Choose nodes (live state when a client is given), render, and optionally ``sbatch --test-only`` it.
 
     ``test_only`` is skipped with a note when the controller does not answer:
     the render itself needs no cluster. ``step_command`` replaces the training
-    step (tests run small payloads through the same script).
+    step (tests run small payloads through the same script). ``version`` and
+    ``expedite``: the controller's release and whether it takes ``--requeue=expedite``
+    when the caller knows them (else asked, with a client).
     """
     live = None
     notes: list[str] = []
@@ -126,7 +147,17 @@ def plan(
             check_cluster_size(job, len(fetch_node_states(client).all_nodes), "sinfo")
     request, request_notes = node_request(job, live)
     notes.extend(request_notes)
-    spec = build_spec(job, request, python=python, step_command=step_command, dependency=dependency)
+    if version is None:
+        version = live.version if live is not None else release(job, client, notes) if client else profile_version(job)
+    spec = build_spec(
+        job,
+        request,
+        python=python,
+        step_command=step_command,
+        dependency=dependency,
+        slurm_version=version,
+        expedite=expedite if expedite is not None else client is not None and expedite_allowed(version, client, notes),
+    )
     script = render_script(spec)
     checked = None
     if test_only and client is not None:

@@ -23,7 +23,7 @@ from air_hpc.config.models import JobConfig, SweepMember
 from air_hpc.errors import ConfigError, SlurmError
 from air_hpc.launch import submit as submitting
 from air_hpc.launch.executors import make_executor
-from air_hpc.launch.plan import Plan, plan
+from air_hpc.launch.plan import Plan, expedite_allowed, plan, release
 from air_hpc.launch.resume import check_resume
 from air_hpc.ownership.attempts import recorded_jobs
 from air_hpc.ownership.owner import Owner, claim
@@ -163,7 +163,10 @@ def submit_array(
     waits at its owner fence for that record.
     """
     root = todo[0].job.run.root
-    plans = [(e.index, plan(e.job, None, python=python)) for e in todo]
+    notes: list[str] = []
+    version = release(todo[0].job, client, notes)  # asked once: every element's request is the array's
+    expedite = expedite_allowed(version, client, notes)
+    plans = [(e.index, plan(e.job, None, python=python, version=version, expedite=expedite)) for e in todo]
     script = array_script(name, root, plans, max_parallel, extra)
     check_array_size([i for i, _ in plans], client)
     test_array(script, client)

@@ -17,6 +17,7 @@ from air_hpc.config.models import JobConfig
 from air_hpc.records import names
 from air_hpc.records.rundir import RunDir
 from air_hpc.render.quoting import sbatch_value, slurm_filename
+from air_hpc.slurm.version import REQUEUE_EXPEDITE_FROM, SlurmVersion
 from air_hpc.topology.request import NodeRequest
 
 #: The sbatch option that lets a job outlive one of its nodes: hot spares need it.
@@ -69,14 +70,28 @@ def _placement(job: JobConfig, request: NodeRequest) -> list[Directive]:
     return found
 
 
+def requeue_directive(version: SlurmVersion | None, enabled: bool = False) -> Directive:
+    """``--requeue=expedite`` where the release has it (25.11 and later: a requeue after a failure restarts
+    first, on held nodes) and the controller allows it (``enabled``: ``SlurmctldParameters=enable_expedited_requeue``;
+    slurmctld refuses the job otherwise), else ``--requeue``, which every release reads."""
+    if enabled and version is not None and version >= REQUEUE_EXPEDITE_FROM:
+        return Directive("requeue", "expedite", "resilience.max_restarts")
+    return Directive("requeue", None, "resilience.max_restarts")
+
+
 def slurm_directives(
-    job: JobConfig, request: NodeRequest | None = None, dependency: str | None = None
+    job: JobConfig,
+    request: NodeRequest | None = None,
+    dependency: str | None = None,
+    version: SlurmVersion | None = None,
+    expedite: bool = False,
 ) -> tuple[Directive, ...]:
     """The job's sbatch options in the order the batch script writes them. Pure.
 
     ``--nodes`` counts the hot spares too; ``--no-kill`` keeps the job alive for them when a node
     dies. The stop signal goes to the batch shell (``B:``), which forwards it to the ranks.
-    ``dependency``: ``submit --after`` / ``--chain`` (``afterok:12``, ``singleton``).
+    ``dependency``: ``submit --after`` / ``--chain`` (``afterok:12``, ``singleton``); ``version`` and
+    ``expedite``: the controller's release and whether it allows expedited requeues (:func:`requeue_directive`).
     """
     request = request or NodeRequest()
     res, cluster, resil = job.resources, job.cluster, job.resilience
@@ -97,7 +112,7 @@ def slurm_directives(
         *([Directive("exclusive", None, "cluster.exclusive")] if cluster.exclusive else []),
         *_optional("constraint", cluster.constraint, "cluster.constraint"),
         *_placement(job, request),
-        Directive("requeue", None, "resilience.max_restarts"),
+        requeue_directive(version, expedite),
         *_optional("dependency", dependency, "--after/--chain"),
         *([Directive(NO_KILL, None, "resources.spare_nodes")] if res.spare_nodes else []),
         Directive("open-mode", "append", "run.root"),

@@ -18,6 +18,7 @@ from air_hpc.render.directives import NO_KILL, Directive, slurm_directives
 from air_hpc.render.quoting import check_env_name, check_one_line
 from air_hpc.runtime.stop_signals import STOP_SIGNALS
 from air_hpc.slurm import hostlist
+from air_hpc.slurm.version import SlurmVersion
 from air_hpc.topology.request import NodeRequest
 
 
@@ -125,6 +126,8 @@ def build_spec(
     step_command: Sequence[str] | None = None,
     extra_env: Mapping[str, str] | None = None,
     dependency: str | None = None,
+    slurm_version: SlurmVersion | None = None,
+    expedite: bool = False,
 ) -> SbatchSpec:
     """Turn a resolved job (and the nodes chosen for it) into a spec.
 
@@ -144,7 +147,7 @@ def build_spec(
     res, container = job.resources, job.container
     return SbatchSpec(
         run_dir=run_dir,
-        directives=slurm_directives(job, request, dependency),
+        directives=slurm_directives(job, request, dependency, slurm_version, expedite),
         nodes=res.nodes,
         tasks_per_node=res.tasks_per_node,
         cpus_per_task=job.cpus_per_task,

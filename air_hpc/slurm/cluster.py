@@ -124,6 +124,8 @@ class SlurmSettings:
     """(controller role, ``UP``/``DOWN``) as ``scontrol show config`` reports them."""
     max_array_size: int | None = None
     """``MaxArraySize``: array task ids must be below it (None when not reported)."""
+    expedited_requeue: bool = False
+    """``SlurmctldParameters=enable_expedited_requeue`` (25.11+): else slurmctld refuses ``--requeue=expedite``."""
 
     @property
     def preemption_enabled(self) -> bool:
@@ -182,6 +184,7 @@ def parse_show_config(text: str) -> SlurmSettings:
         preempt_type=preempt_type,
         preempt_mode=_value(raw, "PreemptMode") or "OFF",
         preempt_send_user_signal="preempt_send_user_signal" in params,
+        expedited_requeue="enable_expedited_requeue" in params,
         accounting_storage=None if accounting == "accounting_storage/none" else accounting,
         gres_types=tuple(t for t in (_value(raw, "GresTypes") or "").split(",") if t),
         kill_wait_s=_seconds(raw.get("KillWait")),

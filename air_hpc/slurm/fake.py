@@ -117,6 +117,8 @@ class FakeSlurm(SlurmClient):
         self.pyxis = False
         """Whether srun has pyxis's SPANK options (``srun --help`` lists ``--container-image``)."""
         self.max_array_size = 1001
+        self.slurmctld_parameters = ""
+        """``SlurmctldParameters`` in ``scontrol show config`` (``enable_expedited_requeue``) without cluster text."""
         """``MaxArraySize`` in ``scontrol show config`` when the fake has no cluster text."""
 
     # Driving the fake cluster.
@@ -155,7 +157,7 @@ class FakeSlurm(SlurmClient):
     ) -> subprocess.CompletedProcess[str]:
         args = list(args)
         self.calls.append(args)
-        if not self._reachable:
+        if not self._reachable and args[1:] != ["--version"]:  # --version asks no daemon
             return self._done(args, 1, err=UNREACHABLE.format(cmd=args[0]))
         if not self.accounting_up and args[0] in ("sacct", "sacctmgr"):
             return self._done(args, 1, err=ACCOUNTING_DOWN.format(cmd=args[0]))
@@ -305,7 +307,11 @@ class FakeSlurm(SlurmClient):
         if words[:1] == ["show"] and words[1] in cluster_queries and self.cluster is not None:
             return self._done(args, out=getattr(self.cluster, cluster_queries[words[1]]))
         if words[:2] == ["show", "config"]:  # no cluster text: the few settings the client reads
-            return self._done(args, out=f"SLURM_VERSION = 25.05.8\nMaxArraySize = {self.max_array_size}\n")
+            return self._done(
+                args,
+                out=f"SLURM_VERSION = 25.05.8\nMaxArraySize = {self.max_array_size}\n"
+                f"SlurmctldParameters = {self.slurmctld_parameters or '(null)'}\n",
+            )
         if words[:2] == ["show", "partition"]:  # no cluster text: a controller without partitions
             return self._done(args, out="No partitions in the system\n")
         if words[:1] == ["requeue"]:

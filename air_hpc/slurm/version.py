@@ -76,3 +76,8 @@ def block_request_rules(version: SlurmVersion | None) -> BlockRequestRules:
     return BlockRequestRules(
         version, segments=version >= SEGMENTS_FROM, pinned_segments=version >= PINNED_SEGMENTS_FROM
     )
+
+
+#: ``sbatch --requeue=expedite`` (25.11): a job that fails on a bad node is requeued at once, first in line, with its
+#: nodes kept from other work until its epilog has judged them; earlier releases know only ``--requeue``.
+REQUEUE_EXPEDITE_FROM = SlurmVersion(25, 11)

@@ -175,7 +175,8 @@ def test_submit_with_the_controller_stopped_records_no_job_and_fails_fast(tmp_pa
     with pytest.raises(SlurmUnreachableError, match="connection refused"):
         submit(job, "slurm", fake, step_command=["true"])
     run_dir = RunDir.of(job)
-    assert fake.calls == [] and submissions(run_dir) == [] and pending_attempts(run_dir) == []
+    # Only the release was read (scontrol --version asks no daemon); nothing reached the controller.
+    assert fake.calls == [["scontrol", "--version"]] and submissions(run_dir) == [] and pending_attempts(run_dir) == []
 
 
 def test_a_lost_sbatch_answer_is_found_by_its_comment_and_never_submitted_twice(tmp_path: Path) -> None:

@@ -126,10 +126,10 @@ def test_a_policys_deadline_is_capped_by_the_clients() -> None:
     fake = FakeSlurm(retries=0)
     fake.reachable = False
     with pytest.raises(SlurmUnreachableError, match=r"gave no answer within 10 s"):
-        fake.version(retry=IN_JOB)
+        fake.show_job("1", retry=IN_JOB)
     fake.deadline_s, fake._down_until = 2.0, 0.0
     with pytest.raises(SlurmUnreachableError, match=r"gave no answer within 2 s"):
-        fake.version(retry=IN_JOB)
+        fake.show_job("1", retry=IN_JOB)
 
 
 def test_version_asks_no_daemon() -> None:

@@ -58,7 +58,12 @@ def test_slurm_submission_validates_records_and_submits_once(tmp_path: Path) -> 
     job = job_in(tmp_path)
     done = submit(job, "slurm", fake, python="/venv/bin/python")
     run = RunDir(done.run_dir)
-    assert [c[:2] for c in fake.calls] == [["sbatch", "--test-only"], ["sbatch", "--parsable"]]
+    # The release decides the requeue option (scontrol --version asks no daemon).
+    assert [c[:2] for c in fake.calls] == [
+        ["scontrol", "--version"],
+        ["sbatch", "--test-only"],
+        ["sbatch", "--parsable"],
+    ]
     assert run.read_job() == job
     assert run.sbatch.read_text() == done.plan.script
     assert run.logs.is_dir()
