@@ -87,6 +87,14 @@ def test_accounts_users_qos_and_quotas_are_in_slurmdbd_and_another_users_job_run
     users = {(row[0], row[1]) for row in assoc if row[1]}
     assert {("research", "root"), ("product", "root"), ("ops", "root"), ("product", "nobody")} <= users
     assert ("research", "alice") in users, "slurmdbd takes a user without a Unix account"
+    shares = [
+        line.strip()
+        for line in client.run(["sshare", "-a", "-P", "-n", "-o", "Account,User,RawShares"]).stdout.splitlines()
+    ]
+    assert {"research||50", "product||30", "ops||20"} <= set(shares), "fair shares as slurmctld sees them"
+    config = client.run(["scontrol", "show", "config"]).stdout
+    for setting in ("associations,limits,qos", "priority/multifactor", "preempt/qos"):
+        assert setting in config
     qos = {row[0]: row for row in sacctmgr(client, "qos", "format=name,priority,preempt,preemptmode,gracetime")}
     assert qos["high"][1:3] == ["1000", "scavenger"] and qos["scavenger"][3:] == ["requeue", "00:00:30"]
     job_id = client.as_user("nobody").sbatch_wrap("true", ["--account=product", "--output=/dev/null", "--chdir=/tmp"])
