@@ -4,8 +4,10 @@ The copy holds the tracked files as they are in the working tree (what a clone o
 this checkout's ``.venv`` (``scripts/setup.sh`` would build the same); the block brings up its own testbed
 under its own state directory (``XDG_STATE_HOME``) and takes it down at the end. Blocks that are not run:
 the first (``scripts/demo.sh`` and ``scripts/test.sh`` set everything up and run this suite), the
-build of another Slurm release (it downloads Slurm's sources and builds for ~20 min) and the install on
-a real cluster (it downloads CUDA torch).
+build of another Slurm release (it downloads Slurm's sources and builds for ~20 min), the install on
+a real cluster (it downloads CUDA torch) and the fleet examples for a production cluster (a week of its
+accounting, a node exporter's textfile directory, a server that runs until stopped; the testbed's own
+fleet report is tested in test_fleet_testbed.py).
 """
 
 import os
@@ -20,7 +22,13 @@ import pytest
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-NOT_RUN = ("scripts/demo.sh", "git clone --bare https://github.com/SchedMD/slurm", "python3.11 -m venv")
+NOT_RUN = (
+    "scripts/demo.sh",
+    "git clone --bare https://github.com/SchedMD/slurm",
+    "python3.11 -m venv",
+    "air-hpc fleet report --since 7d --cluster prod",
+    "air-hpc fleet report --since 7d --slo",
+)
 """First command of each block that is not run here, and why: see the module docstring."""
 
 
