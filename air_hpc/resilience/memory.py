@@ -150,6 +150,9 @@ class MemorySnapshots:
         self._inflight: Future[None] | None = None
         self._buffer: torch.Tensor | None = None
         self.stall_s = 0.0
+        """Time the training thread spent in :meth:`after_step` (the host copy and waiting for the previous)."""
+        self.ship_s = 0.0
+        """Time the background thread spent checksumming, exchanging and storing."""
         self.shard_bytes = 0
         self.failures = 0
         if self.plan.refused:
@@ -191,6 +194,13 @@ class MemorySnapshots:
 
     def _ship(self, cap: Capture) -> None:
         """Seal, exchange with the buddies, put our own and the received copies into this node's holder."""
+        began = time.perf_counter()
+        try:
+            self._seal_and_store(cap)
+        finally:
+            self.ship_s += time.perf_counter() - began
+
+    def _seal_and_store(self, cap: Capture) -> None:
         cap.seal()
         received = self._exchange(cap)
         problems = []
@@ -202,7 +212,7 @@ class MemorySnapshots:
         if problems:
             raise HolderError("; ".join(problems))
 
-    def _exchange(self, cap: Capture) -> list[tuple[int, tuple[bytes, ...]]]:
+    def _exchange(self, cap: Capture) -> list[tuple[int, tuple[memoryview, ...]]]:
         """Send our snapshot to our buddy, receive the snapshots we keep for others (one gloo group, in order)."""
         if self.group is None:
             return []
@@ -220,7 +230,7 @@ class MemorySnapshots:
             parts = [torch.empty(int(n), dtype=torch.uint8) for n in (*sizes.tolist(), snapshot.DIGEST_BYTES)]
             for part in parts:
                 dist.recv(part, sender, group=self.group)
-            received.append((sender, tuple(p.numpy().tobytes() for p in parts)))
+            received.append((sender, tuple(_view(p) for p in parts)))
         for work, _ in pending:
             work.wait()
         return received
@@ -324,6 +334,11 @@ class MemorySnapshots:
     def _emit(self, payload: Any) -> None:
         if self.events is not None:
             self.events.emit(payload)
+
+
+def _view(tensor: torch.Tensor) -> memoryview:
+    array: Any = tensor.numpy()
+    return memoryview(array)
 
 
 def _bytes_tensor(data: bytes | bytearray | memoryview) -> torch.Tensor:

@@ -105,20 +105,22 @@ def worker(args: argparse.Namespace) -> None:
         snaps = MemorySnapshots(1, ctx.layout, hosts, holder, None)
         batch, consumed = job.train.global_batch_size, 0
         _, consumed = _block(runner, model, snaps, 2, consumed, batch)  # warm-up, both paths
-        plain, with_snaps, stalls = [], [], []
+        plain, with_snaps, stalls, ships = [], [], [], []
         for _ in range(args.repeats):
             step_s, consumed = _block(runner, model, None, args.steps, consumed, batch)
             plain.append(step_s)
-            before = snaps.stall_s
+            before, shipped = snaps.stall_s, snaps.ship_s
             step_s, consumed = _block(runner, model, snaps, args.steps, consumed, batch)
             with_snaps.append(step_s)
             stalls.append((snaps.stall_s - before) / args.steps)
+            ships.append((snaps.ship_s - shipped) / args.steps)
         held = holder.held_bytes()
         result = {
             "rank": args.rank,
             "plain_s": plain,
             "snap_s": with_snaps,
             "stall_s": stalls,
+            "ship_s": ships,
             "shard_bytes": snaps.shard_bytes,
             "holder_bytes": held,
             "failures": snaps.failures,
@@ -137,7 +139,10 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print(f"step time without snapshots: {plain * 1000:.1f} ms (median of {args.repeats} blocks of {args.steps})")
     ratio = statistics.median(ratios)
     print(f"step time with a snapshot every step / without: {ratio:.3f}x (target <= 1.03x)")
-    print(f"  of which the training-side stall (host copy): {stall * 1000:.2f} ms = {stall / plain:.3f} of a step")
+    ship = statistics.median(results[0]["ship_s"])
+    print(f"  training thread in after_step (host copy + wait for the previous): {stall * 1000:.1f} ms a step")
+    print(f"  background thread (sha256, buddy exchange, holder puts): {ship * 1000:.1f} ms a step")
+    print(f"  cores: {os.cpu_count()}, load average {os.getloadavg()[0]:.1f} (the background work needs idle cores)")
     print(f"shard (one rank's snapshot): {shard / 2**20:.1f} MiB")
     print(
         f"extra host memory per rank / shard: {extra / shard:.2f}x (capture buffer + own and buddy copies of 2 steps)"
