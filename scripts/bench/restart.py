@@ -7,7 +7,13 @@ right after the resume. The first loss restarts the step on the spare inside the
 spare left and takes the requeue path (exit code, ``scontrol requeue`` without the bad nodes,
 a new start). For each it prints the seconds from the fault to the step's end being noticed
 (detection) and to the first step trained after the resume, the steps trained again, and the
-ratio of the in-job restart to the requeue path (target: in-job <= 10 s on an idle testbed).
+ratio of the in-job restart to the requeue path (target: in-job <= 10 s on an idle testbed), then
+where each one's time went, phase by phase, with the same ratio: ``detect`` (fault to the step's
+end noticed by the supervisor), ``relaunch`` (to the next step's ``srun``: the probe and the
+spare's choice, or the requeue and Slurm's new start), then the slowest rank's start-up phases
+from its ``startup`` event (``launch`` ... ``first_step``, ``air_hpc.train.startup.PHASES``);
+they add up to the fault-to-resume time but for what lies between the ``srun`` and the ranks'
+process creation.
 
 Usage: ``scripts/bench/restart.py --testbed STATE_DIR [--steps 14] [--interval 3]``.
 """
@@ -94,8 +100,22 @@ def submit_job(args: argparse.Namespace) -> tuple[Any, Any]:
     return client, submit(job, "slurm", client)
 
 
-def kill_a_rank(watch: Watch, after: str) -> tuple[float, float, int]:
-    """Once ``after`` happened, SIGKILL the running step's last rank: (detection s, first resumed step s, redone)."""
+def phases_after(watch: Watch, faulted: float) -> dict[str, float]:
+    """Where the time from the fault to the first resumed step went (see the module docstring)."""
+    from air_hpc.train.startup import PHASES
+
+    ended = next(e["time"] for e in watch.events("step_ended") if e["time"] > faulted)
+    relaunched = next(e["time"] for e in watch.events("step_started") if e["time"] > ended)
+    startup = next(e for e in watch.events("startup") if e["time"] > relaunched)
+    slowest = int(startup["slowest_rank"])
+    phases = {"detect": ended - faulted, "relaunch": relaunched - ended}
+    phases.update({phase: float(startup["phases_s"][phase][slowest]) for phase in PHASES})
+    return phases
+
+
+def kill_a_rank(watch: Watch, after: str) -> tuple[float, float, int, dict[str, float]]:
+    """Once ``after`` happened, SIGKILL the running step's last rank: (detection s, first resumed step s, redone,
+    phases)."""
     import psutil
 
     from air_hpc.health.heartbeat import read_beats
@@ -118,8 +138,9 @@ def kill_a_rank(watch: Watch, after: str) -> tuple[float, float, int]:
         return [r for r in watch.metrics() if r["step"] == resumed + 1 and r["time"] > faulted]
 
     wait_for("the first resumed step", first_resumed)
+    wait_for("the start-up record", lambda: any(e["time"] > faulted for e in watch.events("startup")))
     detected = watch.events("step_ended")[ended]["time"] - faulted
-    return detected, first_resumed()[0]["time"] - faulted, trained - resumed
+    return detected, first_resumed()[0]["time"] - faulted, trained - resumed, phases_after(watch, faulted)
 
 
 def main() -> None:
@@ -146,11 +167,18 @@ def main() -> None:
         status = client.job_status(done.job_id)
     if status.state != JobState.COMPLETED or not watch.events("spares_exhausted"):
         raise SystemExit(f"bench: job {done.job_id} ended {status.state}; see {run_dir.logs}")
-    (_, _, requeue_s, _) = results[1]
+    (_, _, requeue_s, _, requeue_phases) = results[1]
     print(f"gpt-tiny, 2 nodes x 2 ranks + 1 spare, job {done.job_id}, run {run_dir.path}")
     print(f"{'path':<16}{'detect s':>10}{'resume s':>10}{'redone':>8}{'vs requeue':>12}")
-    for path, detected, resume_s, redone in results:
+    for path, detected, resume_s, redone, _ in results:
         print(f"{path:<16}{detected:>10.1f}{resume_s:>10.1f}{redone:>8d}{resume_s / requeue_s:>11.2f}x")
+    in_job_phases = results[0][4]
+    print(f"{'phase':<16}{'in-job s':>10}{'requeue s':>10}{'vs requeue':>12}")
+    for phase, seconds in in_job_phases.items():
+        base = requeue_phases[phase]
+        ratio = f"{seconds / base:>11.2f}x" if base > 0 else f"{'-':>12}"
+        print(f"{phase:<16}{seconds:>10.2f}{base:>10.2f}{ratio}")
+    print(f"{'sum':<16}{sum(in_job_phases.values()):>10.2f}{sum(requeue_phases.values()):>10.2f}")
 
 
 if __name__ == "__main__":
