@@ -318,6 +318,11 @@ class ResilienceConfig(Section):
         description="Stop (exit code CRASH_LOOP, never requeued) after this many restarts in a row that saved "
         "no new checkpoint.",
     )
+    warm_standby: bool = Field(
+        True,
+        description="With resources.spare_nodes: once a step trains, keep a standby process per rank slot on every "
+        "healthy node (interpreter started, torch and megatron-core imported) for an in-job restart to promote.",
+    )
 
 
 class HealthConfig(Section):

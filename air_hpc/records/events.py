@@ -294,6 +294,8 @@ class StepStarted(Payload):
     generation: str
     nodes: str
     spares: list[str]
+    warm: bool = False
+    """Its ranks are promoted warm standbys (``runtime.standby``), not a new ``srun``."""
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from air_hpc.records.generation import generation, generation_dir
 from air_hpc.records.rundir import RunDir
 from air_hpc.resilience.progress import CrashLoopError, check_progress
 from air_hpc.runtime.rendezvous import master_port
+from air_hpc.runtime.standby import STARTED_AT_ENV
 from air_hpc.slurm import env as slurm_env
 from air_hpc.slurm.env import SlurmEnv
 from air_hpc.train.parallel import DistEnv, apply_rank_order
@@ -94,7 +95,7 @@ class TrainingEntry(submitit.helpers.Checkpointable):
         from air_hpc.train import metrics, parallel, trainer
         from air_hpc.train.startup import StartupClock, pause_gc, process_start_s, resume_gc
 
-        clock = StartupClock(process_start_s())
+        clock = StartupClock(_start_s(process_start_s))
         clock.mark("launch")
         run_dir = RunDir(self.run_dir)
         fence_settled(run_dir, os.environ)  # a job that does not own the run directory writes nothing there
@@ -154,6 +155,12 @@ class TrainingEntry(submitit.helpers.Checkpointable):
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         """Requeue as a fresh entry on the same run directory; the trainer resumes from its checkpoints."""
         return submitit.helpers.DelayedSubmission(TrainingEntry(self.run_dir))
+
+
+def _start_s(process_start_s: Callable[[], float]) -> float:
+    """Where this rank's start-up clock begins: its process's creation, or a promoted warm standby's go."""
+    promoted_at = os.environ.get(STARTED_AT_ENV)
+    return float(promoted_at) if promoted_at else process_start_s()
 
 
 def _stop_a_crash_loop(limit: int, run_dir: RunDir, rank: int) -> None:

@@ -28,6 +28,11 @@ Why each check:
 - A step where no rank beats for the backstop time (every process frozen, or
   the filesystem gone) is stopped as hung: the backstop to the ranks' own watchdogs.
 
+With spares, once a step trains, warm standby ranks (``runtime.standby``: one ``srun`` per healthy
+node, interpreter started and torch/megatron-core imported) wait beside it; a restart promotes
+them instead of starting a new ``srun`` (``resilience.warm_standby``), which saves the start's
+interpreter and imports, most of a restart.
+
 A stop signal (preemption, time limit) is forwarded to ``srun``; the step then
 saves and exits with its requeue code, which goes back to the batch script:
 no in-job restart after a stop. Every step start and end is an event.
@@ -35,6 +40,7 @@ no in-job restart after a stop. Every step start and end is an event.
 
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import re
@@ -46,7 +52,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import IO
@@ -55,6 +61,7 @@ from air_hpc.config.models import JobConfig
 from air_hpc.errors import AirHpcError, TopologyError
 from air_hpc.exitcodes import REQUEUE_WORTHY, ExitCode
 from air_hpc.health.badnodes import append_bad_nodes, read_bad_nodes
+from air_hpc.health.heartbeat import read_beats
 from air_hpc.ownership.attempts import fence_settled
 from air_hpc.records.events import (
     EventLog,
@@ -65,7 +72,7 @@ from air_hpc.records.events import (
     StepEnded,
     StepStarted,
 )
-from air_hpc.records.files import atomic_write, touch
+from air_hpc.records.files import atomic_write, remove_tree, touch
 from air_hpc.records.generation import (
     STEP_ATTEMPT_ENV,
     generation,
@@ -79,6 +86,8 @@ from air_hpc.records.rundir import RunDir
 from air_hpc.runtime.probe import PROBE_TIMEOUT_S, probe_dead
 from air_hpc.runtime.rendezvous import free_port_from
 from air_hpc.runtime.snapholders import SOCKET_DIR_ENV, Holders, holder_dir
+from air_hpc.runtime.standby import STANDBY_ENV, write_go
+from air_hpc.runtime.step_group import StepGroup, StepProcess
 from air_hpc.runtime.stop_signals import STOP_SIGNALS
 from air_hpc.slurm import env as slurm_env
 from air_hpc.slurm.client import SlurmClient
@@ -95,6 +104,8 @@ log = logging.getLogger(__name__)
 
 #: After the backstop's SIGTERM, ``srun`` gets this long before SIGKILL.
 STOP_GRACE_S = 30.0
+#: A standby ``srun`` no longer needed gets this long to end before SIGKILL (a dead node's never ends by itself).
+RETIRED_GRACE_S = 5.0
 #: How often the supervisor looks at the step and its stderr: a stop or a dead node is passed on within this.
 POLL_S = 0.05
 #: How often it reads the ranks' heartbeat files (one stat per rank: cheap here, not on a shared filesystem).
@@ -214,6 +225,22 @@ def unique(hosts: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(hosts))
 
 
+def standby_argv(srun_argv: Sequence[str], node: str, tasks_per_node: int) -> list[str]:
+    """The step's ``srun`` as one node's warm standby (``runtime.standby``): the node's rank slots, beside the step."""
+    rest = [a for a in srun_argv[1:] if not a.startswith(("--ntasks=", "--distribution=", "--nodes=", "--nodelist="))]
+    return [srun_argv[0], "--overlap", "--nodes=1", f"--ntasks={tasks_per_node}", f"--nodelist={node}", *rest]
+
+
+@dataclass
+class _Standby:
+    """Warm standby ranks waiting to become the step of ``attempt``."""
+
+    attempt: int
+    directory: Path
+    group: StepGroup
+    retired: list["subprocess.Popen[str]"] = field(default_factory=list)
+
+
 class Supervisor:
     """Starts the step on the rank hosts, watches it, restarts it on spares; see the module docstring."""
 
@@ -248,7 +275,12 @@ class Supervisor:
         self.backstop_s = hang_backstop_s(job)
         self.probe = probe or self.probe_dead
         self._signum: int | None = None
-        self._proc: subprocess.Popen[str] | None = None
+        self._proc: StepProcess | None = None
+        self._standby: _Standby | None = None
+        self._retired: list[subprocess.Popen[str]] = []
+        self._next: tuple[int, tuple[str, ...], bool] = (1, (), False)
+        """The attempt a standby would serve, the nodes it would start on (the step's and the spares), and
+        whether a spare is left (without one, a failure requeues and no standby is wanted)."""
 
     # ---- signals -----------------------------------------------------------------
 
@@ -288,7 +320,7 @@ class Supervisor:
         if armed >= self.job.resources.world_size:
             log.warning("stop signal %d: forwarding it to the step", signum)
             with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signum)
+                proc.send_signal(signum)
         else:
             log.warning("stop signal %d while the ranks start: they read the stop once armed", signum)
 
@@ -369,23 +401,22 @@ class Supervisor:
     def _run_step(self, attempt: int, rank_hosts: Sequence[str], spares: Sequence[str]) -> StepResult:
         env = self._step_env(attempt, rank_hosts)
         gen_dir = generation_dir(self.run_dir, generation(env))
-        argv = list(self.srun_argv)
-        if attempt and argv and Path(argv[0]).name == "srun":
-            # The failed step may hold the healthy nodes' CPUs until Slurm hears from a dead node.
-            argv.insert(1, "--overlap")
         hosts = unique(rank_hosts)
         started = time.time()
-        self._emit(StepStarted(attempt=attempt, generation=gen_dir.name, nodes=compress(hosts), spares=list(spares)))
         failures: list[TaskFailure] = []
-        self._proc = subprocess.Popen(
-            argv, env=env, stderr=subprocess.PIPE, text=True, errors="replace", preexec_fn=_die_with_parent
+        warm = self._promote(attempt, env, hosts, failures)
+        self._emit(
+            StepStarted(
+                attempt=attempt, generation=gen_dir.name, nodes=compress(hosts), spares=list(spares), warm=bool(warm)
+            )
         )
-        reader = threading.Thread(target=_copy_stderr, args=(self._proc.stderr, failures), daemon=True)
-        reader.start()
+        proc, join_readers = warm or self._start_srun(attempt, env, failures)
+        self._proc = proc
+        self._next = (attempt + 1, (*hosts, *spares), bool(spares))
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe")
         try:
-            rc, probing, hung = self._watch(self._proc, gen_dir, hosts, failures, pool)
-            reader.join(timeout=5)
+            rc, probing, hung = self._watch(proc, gen_dir, hosts, failures, pool)
+            join_readers(5.0)
             self._proc = None
             dead = self._dead_after(rc, hosts, failures, probing)
         finally:
@@ -404,9 +435,76 @@ class Supervisor:
         )
         return result
 
+    def _start_srun(
+        self, attempt: int, env: Mapping[str, str], failures: list[TaskFailure]
+    ) -> tuple[StepProcess, Callable[[float], None]]:
+        """A new ``srun`` for the step (and a function that waits for its stderr's end)."""
+        argv = list(self.srun_argv)
+        if attempt and argv and Path(argv[0]).name == "srun":
+            # The failed step may hold the healthy nodes' CPUs until Slurm hears from a dead node.
+            argv.insert(1, "--overlap")
+        proc = subprocess.Popen(
+            argv, env=dict(env), stderr=subprocess.PIPE, text=True, errors="replace", preexec_fn=_die_with_parent
+        )
+        reader = threading.Thread(target=_copy_stderr, args=(proc.stderr, failures), daemon=True)
+        reader.start()
+        return proc, lambda timeout_s: reader.join(timeout=timeout_s)
+
+    # ---- warm standby ------------------------------------------------------------
+
+    @property
+    def warm_standby(self) -> bool:
+        """Standbys serve in-job restarts, which need spares, of a real ``srun`` step."""
+        res = self.job.resources
+        return bool(self.job.resilience.warm_standby and res.spare_nodes and Path(self.srun_argv[0]).name == "srun")
+
+    def _start_standby(self, gen_dir: Path) -> None:
+        """Once the step trains (a rank beat in a step), start the standbys for the next attempt on its nodes."""
+        if not self.warm_standby or self._standby is not None or self.stopping:
+            return
+        attempt, nodes, spare_left = self._next
+        if not spare_left or not any(beat.phase == "step" for beat in read_beats(gen_dir).values()):
+            return
+        directory = self.start_dir / f"standby-{attempt}"
+        remove_tree(directory)
+        directory.mkdir(parents=True)
+        env = {k: v for k, v in self.environ.items() if k not in (slurm_env.HOSTFILE, "SLURM_DISTRIBUTION")}
+        env[STANDBY_ENV] = str(directory)
+        tasks = self.job.resources.tasks_per_node
+        procs = {
+            node: subprocess.Popen(
+                standby_argv(self.srun_argv, node, tasks),
+                env=env,
+                stderr=subprocess.PIPE,
+                text=True,
+                errors="replace",
+                preexec_fn=_die_with_parent,
+            )
+            for node in nodes
+        }
+        self._standby = _Standby(attempt, directory, StepGroup(procs, _pass_through))
+        log.info("warm standby for step attempt %d started on %s", attempt, compress(nodes))
+
+    def _promote(
+        self, attempt: int, env: Mapping[str, str], hosts: Sequence[str], failures: list[TaskFailure]
+    ) -> tuple[StepProcess, Callable[[float], None]] | None:
+        """The standby made the step of ``attempt`` (told to go), or None when there is none ready on every host."""
+        standby, self._standby = self._standby, None
+        if standby is None:
+            return None
+        if standby.attempt != attempt or not all(standby.group.alive(h) for h in hosts):
+            log.warning("warm standby not usable for attempt %d; starting a new srun", attempt)
+            self._retired += standby.group.keep(set())
+            return None
+        self._retired += standby.group.keep(set(hosts))
+        standby.group.listen(functools.partial(_note_line, failures))
+        go = {k: env[k] for k in (STEP_ATTEMPT_ENV, slurm_env.HOSTFILE, "MASTER_ADDR", "MASTER_PORT") if k in env}
+        write_go(standby.directory, {**go, slurm_env.NTASKS: str(self.job.resources.world_size)})
+        return standby.group, standby.group.join_readers
+
     def _watch(
         self,
-        proc: "subprocess.Popen[str]",
+        proc: StepProcess,
         gen_dir: Path,
         hosts: Sequence[str],
         failures: list[TaskFailure],
@@ -430,6 +528,7 @@ class Supervisor:
                 kill_at = time.monotonic()  # srun would wait for slurmctld to time the node out
             if not hung and time.monotonic() > stale_at:
                 stale_at = time.monotonic() + STALE_CHECK_S
+                self._start_standby(gen_dir)
                 if self._stale(gen_dir):
                     hung = True
                     log.warning("no rank made progress for %d s; stopping the step as hung", self.backstop_s)
@@ -479,16 +578,24 @@ class Supervisor:
         return probe_dead(self.client, self.job_id, hosts, PROBE_TIMEOUT_S)
 
     def _end_step(self) -> None:
-        """Leave nothing behind: a step still running when the supervisor ends is stopped, then killed."""
-        proc = self._proc
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        """Leave nothing behind: a step or standby still running when the supervisor ends is stopped, then killed."""
+        standby, self._standby = self._standby, None
+        running = [p for p in (self._proc, standby.group if standby else None) if p is not None]
+        for proc in running:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in running:
+            try:
+                proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for retired in self._retired:
+            try:
+                retired.wait(timeout=RETIRED_GRACE_S)
+            except subprocess.TimeoutExpired:  # a dead node's srun waits for Slurm to time the node out
+                retired.kill()
+                retired.wait()
 
     def _reason(self, result: StepResult, code: int) -> str:
         if result.dead_nodes:
@@ -509,10 +616,18 @@ def _copy_stderr(stream: IO[str] | None, failures: list[TaskFailure]) -> None:
     if stream is None:
         return
     for line in stream:
-        sys.stderr.write(line)
-        sys.stderr.flush()
-        if (failure := parse_task_failure(line)) is not None:
-            failures.append(failure)
+        _note_line(failures, line)
+
+
+def _note_line(failures: list[TaskFailure], line: str) -> None:
+    _pass_through(line)
+    if (failure := parse_task_failure(line)) is not None:
+        failures.append(failure)
+
+
+def _pass_through(line: str) -> None:
+    sys.stderr.write(line)
+    sys.stderr.flush()
 
 
 def _die_with_parent() -> None:

@@ -1,32 +1,38 @@
 #!/usr/bin/env python3
-"""Fault to first resumed step: in-job restart on a hot spare against the requeue path, in one job.
+"""Fault to first resumed step: in-job restart on a hot spare, warm and cold, against the requeue path.
 
-On a running testbed (``air-hpc testbed up``), one gpt-tiny job with one spare
-(``resources.spare_nodes: 1``) loses a rank (``kill -9``) twice: after a checkpoint, and
-right after the resume. The first loss restarts the step on the spare inside the job; the second finds no
-spare left and takes the requeue path (exit code, ``scontrol requeue`` without the bad nodes,
-a new start). For each it prints the seconds from the fault to the step's end being noticed
-(detection) and to the first step trained after the resume, the steps trained again, and the
-ratio of the in-job restart to the requeue path (target: in-job <= 10 s on an idle testbed), then
-where each one's time went, phase by phase, with the same ratio: ``detect`` (fault to the step's
-end noticed by the supervisor), ``relaunch`` (to the next step's ``srun``: the probe and the
-spare's choice, or the requeue and Slurm's new start), then the slowest rank's start-up phases
-from its ``startup`` event (``launch`` ... ``first_step``, ``air_hpc.train.startup.PHASES``);
-they add up to the fault-to-resume time but for what lies between the ``srun`` and the ranks'
-process creation.
+On a running testbed (``air-hpc testbed up``), two gpt-tiny jobs with one spare each
+(``resources.spare_nodes: 1``) run at once, one with warm standbys (``resilience.warm_standby``:
+interpreter started and imports done before any fault) and one without: today's restart, a new
+``srun``, is the baseline, measured on the same machine at the same time. Each loses a rank
+(``kill -9``) twice: after a checkpoint (the warm job once its standbys are ready), which restarts
+the step on the spare inside the job, and right after the resume, which finds no spare left and
+takes the requeue path (exit code, ``scontrol requeue`` without the bad nodes, a new start).
+For each restart it prints the seconds from the fault to the step's end being noticed (detection)
+and to the first step trained after the resume, the steps trained again, the ratio to the cold
+in-job restart (target: warm <= 3 s on an idle testbed), and where the time went, phase by phase:
+``detect`` (fault to the step's end noticed by the supervisor), ``relaunch`` (to the next step:
+the probe and the spare's choice, or the requeue and Slurm's new start), then the slowest rank's
+start-up phases from its ``startup`` event (``launch`` ... ``first_step``,
+``air_hpc.train.startup.PHASES``; a promoted standby counts from its go, so ``launch`` and
+``imports`` are what was left of its warm-up). They add up to the fault-to-resume time but for
+what lies between the ``srun`` and the ranks' process creation.
 
-Usage: ``scripts/bench/restart.py --testbed STATE_DIR [--steps 14] [--interval 3]``.
+Usage: ``scripts/bench/restart.py --testbed STATE_DIR [--steps 60] [--interval 3]``.
 """
 
 import argparse
 import os
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "configs" / "jobs" / "gpt-tiny-testbed.yaml"
+#: Rank slots of gpt-tiny-testbed's 2 nodes and the spare: 2 tasks each.
+SLOTS = 6
 
 
 def wait_for(what: str, condition: Any, timeout_s: float = 600) -> None:
@@ -57,6 +63,13 @@ class Watch:
     def last_step(self) -> int:
         return max((int(r["step"]) for r in self.metrics()), default=0)
 
+    def standby_ready(self) -> bool:
+        """Every rank slot of the step's nodes and the spare has a warm standby (``runtime.standby``)."""
+        from air_hpc.runtime.standby import READY_PREFIX
+
+        ready = [len(list(d.glob(f"{READY_PREFIX}*"))) for d in self.run_dir.heartbeat.glob("*/standby-*")]
+        return max(ready, default=0) >= SLOTS
+
     def wait_past(self, kind: str) -> None:
         """Until the running step has a ``kind`` event and has trained a step after it."""
         wait_for("the step to start", lambda: self.events("step_started"))
@@ -69,7 +82,7 @@ class Watch:
         wait_for(f"{kind} and a step after it", ready)
 
 
-def submit_job(args: argparse.Namespace) -> tuple[Any, Any]:
+def submit_job(args: argparse.Namespace, name: str, warm: bool) -> tuple[Any, Any]:
     """The gpt-tiny job with one spare, submitted to the running testbed: (client, submission)."""
     from air_hpc.config.load import load_job
     from air_hpc.launch.submit import submit
@@ -86,13 +99,14 @@ def submit_job(args: argparse.Namespace) -> tuple[Any, Any]:
         JOB,
         [
             f"run.root={work}",
-            "run.name=restart",
+            f"run.name={name}",
             f"data.path={corpus}",
             f"train.steps={args.steps}",
             f"checkpoint.interval_steps={args.interval}",
             "checkpoint.keep_last=20",
             "health.preflight=false",
             "resources.spare_nodes=1",
+            f"resilience.warm_standby={str(warm).lower()}",
             f"cluster.topology_file={bed.layout.topology_conf}",
         ],
     )
@@ -113,14 +127,16 @@ def phases_after(watch: Watch, faulted: float) -> dict[str, float]:
     return phases
 
 
-def kill_a_rank(watch: Watch, after: str) -> tuple[float, float, int, dict[str, float]]:
-    """Once ``after`` happened, SIGKILL the running step's last rank: (detection s, first resumed step s, redone,
-    phases)."""
+def kill_a_rank(watch: Watch, after: str, warm: bool) -> tuple[float, float, int, dict[str, float]]:
+    """Once ``after`` happened (and, ``warm``, every standby is ready), SIGKILL the running step's last rank:
+    (detection s, first resumed step s, redone, phases)."""
     import psutil
 
     from air_hpc.health.heartbeat import read_beats
 
     watch.wait_past(after)
+    if warm:
+        wait_for("the warm standby", watch.standby_ready, 180)
     ended = len(watch.events("step_ended"))
     started = watch.events("step_started")[-1]["generation"]
     beats = read_beats(watch.run_dir.heartbeat / started)
@@ -143,42 +159,61 @@ def kill_a_rank(watch: Watch, after: str) -> tuple[float, float, int, dict[str, 
     return detected, first_resumed()[0]["time"] - faulted, trained - resumed, phases_after(watch, faulted)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--testbed", type=Path, required=True, help="state directory of a running testbed")
-    parser.add_argument("--steps", type=int, default=14)
-    parser.add_argument("--interval", type=int, default=3, help="checkpoint.interval_steps")
-    args = parser.parse_args()
+Result = tuple[str, float, float, int, dict[str, float]]
+"""(path, detection s, fault to first resumed step s, steps redone, phases)."""
 
+
+def one_job(args: argparse.Namespace, warm: bool, results: dict[bool, list[Result]]) -> None:
+    """One job: a crash after a checkpoint (in-job, on the spare), then one right after the resume (requeue)."""
     from air_hpc.records.rundir import RunDir
     from air_hpc.slurm.jobs import JobState
 
-    client, done = submit_job(args)
-    run_dir = RunDir(done.run_dir)
-    watch = Watch(run_dir)
-    # The first crash, after a checkpoint, takes the spare; the second, right after that resume, finds none.
-    results = [
-        (path, *kill_a_rank(watch, after))
-        for path, after in (("in-job restart", "checkpoint_saved"), ("requeue", "resume"))
+    client, done = submit_job(args, "warm" if warm else "cold", warm)
+    watch = Watch(RunDir(done.run_dir))
+    found = [
+        (path, *kill_a_rank(watch, after, wait_warm))
+        for path, after, wait_warm in (("in-job", "checkpoint_saved", warm), ("requeue", "resume", False))
     ]
     status = client.job_status(done.job_id)
     while status is None or not status.state.terminal:
         time.sleep(1)
         status = client.job_status(done.job_id)
     if status.state != JobState.COMPLETED or not watch.events("spares_exhausted"):
-        raise SystemExit(f"bench: job {done.job_id} ended {status.state}; see {run_dir.logs}")
-    (_, _, requeue_s, _, requeue_phases) = results[1]
-    print(f"gpt-tiny, 2 nodes x 2 ranks + 1 spare, job {done.job_id}, run {run_dir.path}")
-    print(f"{'path':<16}{'detect s':>10}{'resume s':>10}{'redone':>8}{'vs requeue':>12}")
-    for path, detected, resume_s, redone, _ in results:
-        print(f"{path:<16}{detected:>10.1f}{resume_s:>10.1f}{redone:>8d}{resume_s / requeue_s:>11.2f}x")
-    in_job_phases = results[0][4]
-    print(f"{'phase':<16}{'in-job s':>10}{'requeue s':>10}{'vs requeue':>12}")
-    for phase, seconds in in_job_phases.items():
-        base = requeue_phases[phase]
-        ratio = f"{seconds / base:>11.2f}x" if base > 0 else f"{'-':>12}"
-        print(f"{phase:<16}{seconds:>10.2f}{base:>10.2f}{ratio}")
-    print(f"{'sum':<16}{sum(in_job_phases.values()):>10.2f}{sum(requeue_phases.values()):>10.2f}")
+        raise SystemExit(f"bench: job {done.job_id} ended {status.state}; see {watch.run_dir.logs}")
+    print(f"{'warm' if warm else 'cold'}: job {done.job_id}, run {watch.run_dir.path}", flush=True)
+    results[warm] = found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--testbed", type=Path, required=True, help="state directory of a running testbed")
+    parser.add_argument("--steps", type=int, default=60, help="long enough for a busy machine")
+    parser.add_argument("--interval", type=int, default=3, help="checkpoint.interval_steps")
+    args = parser.parse_args()
+
+    # Both jobs at once, so both paths meet the same machine: warm standbys, and today's new srun.
+    results: dict[bool, list[Result]] = {}
+    threads = [threading.Thread(target=one_job, args=(args, warm, results)) for warm in (True, False)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if len(results) != 2:
+        raise SystemExit("bench: a job did not finish its faults (see above)")
+    rows = {"warm in-job": results[True][0], "cold in-job": results[False][0], "requeue": results[False][1]}
+    cold_s = rows["cold in-job"][2]
+    print("gpt-tiny, 2 nodes x 2 ranks + 1 spare; baseline: the cold in-job restart (a new srun), same run")
+    print(f"{'path':<14}{'detect s':>10}{'resume s':>10}{'redone':>8}{'vs cold':>10}")
+    for path, (_, detected, resume_s, redone, _) in rows.items():
+        print(f"{path:<14}{detected:>10.1f}{resume_s:>10.1f}{redone:>8d}{resume_s / cold_s:>9.2f}x")
+    phases = {path: row[4] for path, row in rows.items()}
+    print(f"{'phase':<14}{'warm s':>10}{'cold s':>10}{'requeue s':>10}{'warm/cold':>11}")
+    for phase, warm_s in phases["warm in-job"].items():
+        base = phases["cold in-job"][phase]
+        ratio = f"{warm_s / base:>10.2f}x" if base > 0 else f"{'-':>11}"
+        print(f"{phase:<14}{warm_s:>10.2f}{base:>10.2f}{phases['requeue'][phase]:>10.2f}{ratio}")
+    sums = [sum(p.values()) for p in phases.values()]
+    print(f"{'sum':<14}{sums[0]:>10.2f}{sums[1]:>10.2f}{sums[2]:>10.2f}")
 
 
 if __name__ == "__main__":

@@ -2,9 +2,10 @@
 
 A TP2xPP2 gpt-tiny job on two nodes with one spare (``resources.spare_nodes: 1``) loses a
 rank (``kill -9``) or a whole node (its slurmd and every process it started) after the
-first checkpoint. The supervisor restarts the step on the spare from that checkpoint, in the
-same job; the losses and the final weights equal an uninterrupted run's bit for bit. With the
-spare used up, the next failure requeues the job without the bad nodes (the exit-code path).
+first checkpoint, once the warm standbys are started (``resilience.warm_standby``). The supervisor
+restarts the step on the spare from that checkpoint, in the same job, promoting the standbys; the
+losses and the final weights equal an uninterrupted run's bit for bit. With the spare used up, the
+next failure requeues the job without the bad nodes (the exit-code path).
 """
 
 import time
@@ -60,6 +61,12 @@ def wait_past(run_dir: RunDir, kind: str) -> None:
     wait_for(f"{kind} and a step after it", ready, timeout_s=300)
 
 
+def wait_warm(run_dir: RunDir) -> None:
+    """Until the standbys of the step's two nodes and the spare are started (the run is too short to wait for
+    their imports: one still warming up when it is promoted finishes them first, as its start-up shows)."""
+    wait_for("the warm standbys", lambda: any(run_dir.heartbeat.glob("*/standby-*")), timeout_s=300)
+
+
 def last_rank(run_dir: RunDir) -> tuple[int, str]:
     """PID and node of the highest rank of the running step, from its heartbeat."""
     started = kinds(run_dir, "step_started")[-1]["generation"]
@@ -108,7 +115,7 @@ def check_restarted_in_job(testbed: Any, run_dir: RunDir, failed: str, reason: s
     assert fabric.leaf_of[spare] == fabric.leaf_of[failed]  # the spare on the failed node's leaf
     assert len(starts(run_dir)) == 1  # no requeue: the same start of the same job
     assert read_bad_nodes(run_dir.bad_nodes) == (failed,)
-    assert [e["attempt"] for e in kinds(run_dir, "step_started")] == [0, 1]
+    assert [(e["attempt"], e["warm"]) for e in kinds(run_dir, "step_started")] == [(0, False), (1, True)]
     assert [e["exit_code"] for e in kinds(run_dir, "step_ended")][-1] == 0
     assert len(kinds(run_dir, "resume")) == 1
 
@@ -124,6 +131,7 @@ def test_crashed_rank_restarts_on_the_spare_in_the_same_job(
 ) -> None:
     job_id, run_dir = submit_with_spare(testbed, corpus, tmp_path, "rank-crash")
     wait_past(run_dir, "checkpoint_saved")
+    wait_warm(run_dir)
     faulted_at = time.time()
     failed = kill_rank(run_dir)
     status = wait_ended(testbed.client, job_id, 400)
@@ -139,6 +147,7 @@ def test_dead_node_restarts_on_the_spare_in_the_same_job(
 ) -> None:
     job_id, run_dir = submit_with_spare(testbed, corpus, tmp_path, "node-death")
     wait_past(run_dir, "checkpoint_saved")
+    wait_warm(run_dir)
     pid, failed = last_rank(run_dir)
     batch_host = hostlist.expand_hostlist(starts(run_dir)[0])[0]
     assert failed != batch_host  # rank 3 is placed on the second node; the batch script runs on the first
