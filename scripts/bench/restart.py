@@ -193,13 +193,21 @@ def main() -> None:
 
     # Both jobs at once, so both paths meet the same machine: warm standbys, and today's new srun.
     results: dict[bool, list[Result]] = {}
-    threads = [threading.Thread(target=one_job, args=(args, warm, results)) for warm in (True, False)]
+    errors: list[str] = []
+
+    def run(warm: bool) -> None:
+        try:
+            one_job(args, warm, results)
+        except BaseException as exc:  # a thread's SystemExit would vanish silently
+            errors.append(f"{'warm' if warm else 'cold'} job: {exc!r}")
+
+    threads = [threading.Thread(target=run, args=(warm,)) for warm in (True, False)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    if len(results) != 2:
-        raise SystemExit("bench: a job did not finish its faults (see above)")
+    if errors or len(results) != 2:
+        raise SystemExit("bench: " + "; ".join(errors or ["a job did not finish its faults"]))
     rows = {"warm in-job": results[True][0], "cold in-job": results[False][0], "requeue": results[False][1]}
     cold_s = rows["cold in-job"][2]
     print("gpt-tiny, 2 nodes x 2 ranks + 1 spare; baseline: the cold in-job restart (a new srun), same run")
