@@ -1,7 +1,6 @@
 """``air-hpc fleet``: many tenants on one cluster, from Slurm's accounting joined with our runs' records."""
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -9,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from air_hpc.cli.options import echo_json, json_option, slurm_client, state_dir_option
+from air_hpc.cli.options import echo_json, json_option, serve_metrics, slurm_client, state_dir_option
 
 if TYPE_CHECKING:
     from air_hpc.fleet.report import FleetReport
@@ -163,7 +162,7 @@ def metrics(
     loopback only (put a proxy with authentication in front to reach it from elsewhere)."""
     from air_hpc.errors import UserError
     from air_hpc.fleet.prometheus import families, registry_of
-    from air_hpc.observe.prometheus import serve, write_textfile
+    from air_hpc.observe.prometheus import write_textfile
 
     if (textfile is None) == (port is None):
         raise UserError("give one of --textfile OUT.prom or --serve PORT")
@@ -181,14 +180,7 @@ def metrics(
         return
     assert port is not None  # exactly one of the two, checked above
     build()  # the same checks before serving
-    host, bound, stop = serve(registry_of(build), port, "127.0.0.1")
-    click.echo(f"serving http://{host}:{bound}/metrics (Ctrl-C stops)")
-    try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        click.echo("stopped")
-    finally:
-        stop()
+    serve_metrics(registry_of(build), port, "127.0.0.1")
 
 
 def _say(line: str) -> None:

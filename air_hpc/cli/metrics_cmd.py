@@ -1,11 +1,10 @@
 """``air-hpc metrics``: every run under a root as Prometheus metrics, in a node_exporter textfile or over HTTP."""
 
-import threading
 from pathlib import Path
 
 import click
 
-from air_hpc.cli.options import slurm_client
+from air_hpc.cli.options import serve_metrics, slurm_client
 from air_hpc.errors import UserError
 
 
@@ -26,7 +25,7 @@ from air_hpc.errors import UserError
 def metrics(root: str | None, textfile: Path | None, port: int | None, bind: str) -> None:
     """Per-run step, loss, tokens/s, goodput, restarts, checkpoint and heartbeat age, and state, for Prometheus."""
     # Not at the top: both import prometheus_client, which `air-hpc --help` must not load (tests/unit/test_cli.py).
-    from air_hpc.observe.prometheus import registry_of, serve, write_textfile
+    from air_hpc.observe.prometheus import registry_of, write_textfile
     from air_hpc.ops.runs import existing_runs_root
     from air_hpc.ops.states import snapshot
 
@@ -43,11 +42,4 @@ def metrics(root: str | None, textfile: Path | None, port: int | None, bind: str
         click.echo(f"wrote {textfile}")
         return
     assert port is not None  # exactly one of the two, checked above
-    host, bound, stop = serve(registry, port, bind)
-    click.echo(f"serving http://{host}:{bound}/metrics (Ctrl-C stops)")
-    try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        click.echo("stopped")
-    finally:
-        stop()
+    serve_metrics(registry, port, bind)

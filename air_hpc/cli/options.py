@@ -3,14 +3,18 @@ the testbed's ``--state-dir``."""
 
 import json
 import os
+import threading
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from air_hpc.slurm.client import SlurmClient
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 #: Set when a command was given ``--json``, so the error boundary answers in JSON too.
 json_requested: ContextVar[bool] = ContextVar("json_requested", default=False)
@@ -84,3 +88,17 @@ state_dir_option = click.option(
     help="Where the testbed keeps all its state [default: the testbed $SLURM_CONF belongs to, as set by "
     "`air-hpc testbed env`, else $XDG_STATE_HOME/air-hpc/testbed].",
 )
+
+
+def serve_metrics(registry: "CollectorRegistry", port: int, addr: str) -> None:
+    """Serve ``/metrics`` until Ctrl-C: the per-run and the fleet exporters alike."""
+    from air_hpc.observe.prometheus import serve
+
+    host, bound, stop = serve(registry, port, addr)
+    click.echo(f"serving http://{host}:{bound}/metrics (Ctrl-C stops)")
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        click.echo("stopped")
+    finally:
+        stop()
