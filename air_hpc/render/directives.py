@@ -96,9 +96,7 @@ def slurm_directives(
     request = request or NodeRequest()
     res, cluster, resil = job.resources, job.cluster, job.resilience
     gpus = job.hardware.gpus_per_node if job.hardware.device == "cuda" else 0
-    # Slurm 26.05 drops every backslash of an --output path, and the %j after one stays unexpanded: a run
-    # directory holding one names its logs relative to --chdir (that directory), where Slurm resolves them.
-    logs = names.LOGS if "\\" in str(job.run.dir) else slurm_filename(str(RunDir.of(job).logs))
+    logs = slurm_filename(str(RunDir.of(job).logs))
     return (
         Directive("job-name", job.run.name, "run.name"),
         *_optional("partition", cluster.partition, "cluster.partition"),

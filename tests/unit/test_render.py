@@ -329,13 +329,3 @@ def test_python_defaults_to_cluster_then_container() -> None:
     assert build_spec(job).step_command[0] == "/venv/bin/python3"
     job = load_job(TESTBED_JOB, [*FIXED, "container.image=img", "container.python=/usr/bin/python"])
     assert build_spec(job).step_command[0] == "/usr/bin/python"
-
-
-def test_run_dir_with_a_backslash_names_its_logs_relative_to_chdir() -> None:
-    """Slurm 26.05 drops an --output path's backslashes (and leaves its %j): `logs/` under --chdir has none."""
-    job = load_job(TESTBED_JOB, [*FIXED, "run.name=back\\slash"])
-    directives = {d.option: d.value for d in slurm_directives(job, None)}
-    assert directives["chdir"] == str(job.run.dir)
-    assert (directives["output"], directives["error"]) == ("logs/slurm-%j.out", "logs/slurm-%j.err")
-    plain = {d.option: d.value for d in slurm_directives(load_job(TESTBED_JOB, FIXED), None)}
-    assert plain["output"].startswith("/") and plain["output"].endswith("/logs/slurm-%j.out")
