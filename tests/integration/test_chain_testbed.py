@@ -1,10 +1,14 @@
 """A run longer than its time limit, as a chain of three singleton links on the real testbed.
 
-Each step is slowed to 3 s (sitecustomize on the job's PYTHONPATH), so with a two-minute time limit and
-``resilience.time_margin_s=40`` each link trains about twenty steps, stops at the trainer's deadline,
+Each step is slowed to 3 s (sitecustomize on the job's PYTHONPATH), so with a three-minute time limit and
+``resilience.time_margin_s=90`` each link trains about twenty-five steps, stops at the trainer's deadline,
 saves and hands over without requeueing itself; the next link (``--dependency=singleton``) takes the
 run's ownership as it starts and resumes. The run reaches its full step count, and the links left when
 it completes are cancelled before they ever get an allocation.
+
+Slurm sends ``--signal`` up to a minute before the lead it was given (slurmctld checks time limits
+periodically), so the deadline (limit - 90 s) is kept well ahead of the earliest signal
+(limit - 10 s - 60 s): otherwise the link stops on the signal instead, as CI saw with a 2-minute limit.
 """
 
 import json
@@ -66,9 +70,9 @@ def test_a_three_link_chain_reaches_the_full_step_count_under_a_short_time_limit
         "resources.tasks_per_node=2",
         "parallel.tp=2",
         "parallel.pp=1",
-        "resources.time_limit_min=2",
-        "resilience.time_margin_s=40",
-        "resilience.signal_lead_s=20",
+        "resources.time_limit_min=3",
+        "resilience.time_margin_s=90",
+        "resilience.signal_lead_s=10",
         f"env.PYTHONPATH={inject}:{REPO}",
     ]
     args = ["submit", "configs/jobs/gpt-tiny-testbed.yaml", *(f"--set={s}" for s in sets), "--chain", "3", "--json"]
