@@ -14,6 +14,7 @@ request, and ``topology/`` imports ``slurm/``, so a builder there would close a 
 from dataclasses import dataclass, field
 
 from air_hpc.config.models import JobConfig
+from air_hpc.errors import ConfigError
 from air_hpc.records import names
 from air_hpc.records.rundir import RunDir
 from air_hpc.render.quoting import sbatch_value, slurm_filename
@@ -51,6 +52,24 @@ def slurm_duration(minutes: int) -> str:
     hours, mins = divmod(rest, 60)
     clock = f"{hours:02d}:{mins:02d}:00"
     return f"{days}-{clock}" if days else clock
+
+
+def _log_dir(job: JobConfig) -> str:
+    """The run's log directory as a Slurm filename pattern, refusing a path Slurm cannot write to as given.
+
+    Slurm reads a backslash anywhere in an ``--output``/``--error`` path as "no replacement
+    symbols" (sbatch(1), FILENAME PATTERN) and drops it: 22.05-25.05 slurmstepd strips single
+    backslashes (``remove_path_slashes``), 26.05 every one (``expand_stdio_fields``), and neither
+    expands ``%j``. The batch log would land in a twin directory without the backslash, as a
+    literal ``slurm-%j.out``, so such a run directory is refused by the key that holds it.
+    """
+    for key, value in (("run.name", job.run.name), ("run.root", str(job.run.root))):
+        if "\\" in value:
+            raise ConfigError(
+                f"{key}: {value!r} holds a backslash, which Slurm drops from a log path "
+                "(it means 'no %j patterns' there): choose a name without one"
+            )
+    return slurm_filename(str(RunDir.of(job).logs))
 
 
 def _optional(option: str, value: str | int | None, key: str) -> list[Directive]:
@@ -96,7 +115,7 @@ def slurm_directives(
     request = request or NodeRequest()
     res, cluster, resil = job.resources, job.cluster, job.resilience
     gpus = job.hardware.gpus_per_node if job.hardware.device == "cuda" else 0
-    logs = slurm_filename(str(RunDir.of(job).logs))
+    logs = _log_dir(job)
     return (
         Directive("job-name", job.run.name, "run.name"),
         *_optional("partition", cluster.partition, "cluster.partition"),

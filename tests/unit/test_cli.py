@@ -30,6 +30,13 @@ def test_misspelt_key_exits_2_with_one_line(tmp_path: Path, run_main: RunMain) -
     assert "train.stpes" in err and "did you mean 'train.steps'" in err
 
 
+def test_render_of_a_run_name_with_a_backslash_exits_2_with_one_line(run_main: RunMain) -> None:
+    code, out, err = run_main(["render", TESTBED_JOB, "--set", "run.name=team\\lab", "--set", "run.root=/shared/runs"])
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1 and "run.name: 'team\\\\lab' holds a backslash" in err
+
+
 def test_unknown_command_exits_2(run_main: RunMain) -> None:
     code, _, err = run_main(["confg"])
     assert code == 2

@@ -27,7 +27,7 @@ LOCAL_JOB = TESTBED_JOB.parent / "gpt-tiny-local.yaml"
 SUBMITIT_WRITES = frozenset({"output", "error", "wckey"})
 
 HOSTILE_VALUES = [
-    'run.name=it\'s a "job" #1 \\ $(id) `id`',
+    'run.name=it\'s a "job" #1 $(id) `id`',
     "cluster.reservation=maint window",
     "cluster.constraint=ib&nvme|[a*2]",
     "cluster.account=team\\lab",
@@ -113,7 +113,17 @@ def test_the_script_writes_each_directive_as_sbatch_reads_it_back() -> None:
     directives = slurm_directives(job)
     script = render_script(build_spec(job, python=PYTHON))
     assert sbatch_options(script) == {d.option: d.value for d in directives}
-    assert sbatch_options(script)["job-name"] == 'it\'s a "job" #1 \\ $(id) `id`'
+    assert sbatch_options(script)["job-name"] == 'it\'s a "job" #1 $(id) `id`'
+    assert sbatch_options(script)["account"] == "team\\lab"
+
+
+@pytest.mark.parametrize("key", ["run.name", "run.root"])
+def test_a_run_directory_with_a_backslash_is_refused_by_its_key(key: str) -> None:
+    """Slurm drops a backslash from a log path and stops expanding %j there: the batch log would go astray."""
+    value = "team\\lab" if key == "run.name" else "/shared/runs\\x"
+    job = load_job(TESTBED_JOB, [*FIXED, f"{key}={value}"])
+    with pytest.raises(ConfigError, match=rf"^{key}: .* holds a backslash, which Slurm drops from a log path"):
+        slurm_directives(job)
 
 
 def test_spares_ask_for_more_nodes_and_no_kill() -> None:

@@ -193,4 +193,3 @@ def test_a_newer_checkpoint_wins_over_older_snapshots(holder: HolderClient) -> N
     assert snaps.restore(_state(), newest_checkpoint=3) is None
     assert snaps.restore(_state(), newest_checkpoint=2) is not None
     snaps.close()
-
