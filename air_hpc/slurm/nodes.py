@@ -72,8 +72,15 @@ class NodeStates:
 
 
 def out_of_service(state: str) -> bool:
-    """``IDLE+DRAIN``, ``ALLOCATED+DRAIN``, ``DOWN+NOT_RESPONDING``, ``drained``, ``down*``: True; ``MIXED``: False."""
+    """``IDLE+DRAIN``, ``ALLOCATED+DRAIN``, ``DOWN+NOT_RESPONDING``, ``drained``, ``down*``: True; ``MIXED``: False.
+
+    A powered-down node (``IDLE+CLOUD+POWERED_DOWN+NOT_RESPONDING``) does not answer because it is
+    off: Slurm powers it up for the job that gets it, so it is in service (a 26.05 controller
+    placed block jobs on such nodes that excluding them made unplaceable).
+    """
     words = set(re.split(r"[+]", state.upper().rstrip("*~#!%$@^-")))
+    if "POWERED_DOWN" in words:
+        words.discard("NOT_RESPONDING")
     return bool(words & OUT_OF_SERVICE) or state.lower().startswith(("drain", "down", "fail", "maint"))
 
 

@@ -51,6 +51,10 @@ SEGMENTS_FROM = SlurmVersion(24, 5)
 #: A required node list beside more than one segment: 25.05 refuses it ("requires nodes with segment are not
 #: supported"); 25.11 added "limited support", a list that covers the whole job (checked on a 26.05 controller).
 PINNED_SEGMENTS_FROM = SlurmVersion(25, 11)
+#: A ``--segment`` larger than a base block: 24.05-25.05 refuse it ("segment > bblock_node_cnt is not supported");
+#: 25.11 ("Allow --segment to be bigger than base block size", CHANGELOG) puts each segment inside the smallest
+#: enabled aggregate of base blocks that holds it (``_get_block_level``; checked on a 26.05 controller).
+WIDE_SEGMENTS_FROM = SlurmVersion(25, 11)
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,8 @@ class BlockRequestRules:
     """``--segment`` exists."""
     pinned_segments: bool
     """``--nodelist`` covering the whole job is accepted beside ``--segment`` when it splits the job."""
+    wide_segments: bool = False
+    """A segment may be larger than a base block (it then spans an aggregate of blocks)."""
 
     @property
     def release(self) -> str:
@@ -74,7 +80,10 @@ def block_request_rules(version: SlurmVersion | None) -> BlockRequestRules:
     if version is None:
         return BlockRequestRules(None, segments=True, pinned_segments=False)
     return BlockRequestRules(
-        version, segments=version >= SEGMENTS_FROM, pinned_segments=version >= PINNED_SEGMENTS_FROM
+        version,
+        segments=version >= SEGMENTS_FROM,
+        pinned_segments=version >= PINNED_SEGMENTS_FROM,
+        wide_segments=version >= WIDE_SEGMENTS_FROM,
     )
 
 

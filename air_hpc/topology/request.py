@@ -150,6 +150,8 @@ def _block_request(job: JobConfig, topology: BlockTopology, source: str, live: _
     exclude = _exclude(live.bad)
     model = BlockModel(topology)
     segment = job.placement.segment or _tp_nodes(job)
+    if segment is not None and model.base_size < segment < job.resources.nodes + job.resources.spare_nodes:
+        return _wide_segments(job, model, segment, source, live)
     check_block_spares(job, model, segment, source)
     everything = set(model.block_of) - live.bad
     candidates = everything if live.available is None else set(live.available) - live.bad
@@ -181,6 +183,37 @@ def _block_request(job: JobConfig, topology: BlockTopology, source: str, live: _
         return _slurm_places(segment_now, live), (*notes, f"not pinned: {refused}; Slurm places the job")
     request, placed = _pinned_block_request(job, topology, picked, segment_now, exclude)
     return request, (*notes, *placed)
+
+
+def _wide_segments(
+    job: JobConfig, model: BlockModel, segment: int, source: str, live: _Live
+) -> tuple[NodeRequest, Notes]:
+    """Segments larger than a base block: refused before 25.11; from 25.11 Slurm places them, each in one aggregate.
+
+    Selection here keeps a segment inside one base block, so it does not pin such a job:
+    the request carries the count, the segment and the nodes to keep out, and the job reads
+    the nodes Slurm chose back for its rank order, as where a release refuses a pinned list.
+    """
+    res = job.resources
+    base = model.base_size
+    if not live.rules.wide_segments:
+        raise TopologyError(
+            f"{source}: placement.segment={segment} is larger than the base block size {base}; {live.rules.release} "
+            "cannot place it (each segment must fit in one base block; Slurm 25.11 and later accept wider ones)"
+        )
+    check_cluster_size(job, len(model.block_of), f"cluster.topology_file {source}")
+    for key, count in (("resources.nodes", res.nodes), ("resources.spare_nodes", res.spare_nodes)):
+        if count % segment:
+            raise TopologyError(
+                f"{key}: placement.segment={segment} does not divide its {count} node(s); Slurm refuses it "
+                "(every segment, a spare one included, has the same size)"
+            )
+    level = model.shape(segment).level
+    span = f"one aggregate of {1 << level} blocks" if level is not None else "the whole block topology"
+    return _slurm_places(_segment_for(segment, live.rules), live), (
+        f"--segment={segment} is wider than a base block ({base} nodes): {live.rules.release} keeps each "
+        f"segment inside {span}; not pinned: Slurm places the segments",
+    )
 
 
 def unpinnable(model: BlockModel, nodes: Collection[str], segment: int | None, rules: BlockRequestRules) -> str | None:

@@ -193,6 +193,40 @@ def test_block_dry_runs_are_accepted_wherever_slurm_places_the_job(
     assert placeable >= len(BLOCK_SEEDS) * len(BLOCK_JOBS) // 2, "the drains left too few cases to compare"
 
 
+#: (nodes, --segment, hot spares) with segments wider than a base block of 18: two blocks each, four blocks each
+WIDE_SEGMENT_JOBS = [(72, 36, 0), (36, 36, 36), (144, 72, 0)]
+
+
+def test_a_wide_segment_goes_to_slurm_from_25_11_and_is_refused_before(
+    block_ctld: CloudController, tmp_path: Path, small_corpus: Path
+) -> None:
+    """A segment larger than a base block: 25.05 refuses it ("segment > bblock_node_cnt is not supported"),
+    and so do we, naming the rule; 25.11 and later place each segment in an aggregate, and our dry run,
+    which leaves such segments to Slurm, is accepted."""
+    ctl = block_ctld
+    assert ctl.build is not None
+    ctl.set_unavailable(BLOCK_NODES[5:72:23])  # drains in the first four blocks only: aggregates elsewhere stay whole
+    wide = ctl.build.version >= SlurmVersion(25, 11)
+    for nodes, segment, spares in WIDE_SEGMENT_JOBS:
+        theirs = ctl.placement(nodes + spares, [f"--segment={segment}"])
+        job = block_job(ctl, tmp_path, small_corpus, nodes, segment, spares)
+        if not wide:
+            assert theirs is None, f"Slurm {ctl.build.version} placed --segment={segment}: {theirs}"
+            with pytest.raises(AirHpcError, match=r"cannot place it \(each segment must fit in one base block"):
+                plan(job, ctl.client, test_only=True)
+            continue
+        assert theirs is not None, f"Slurm {ctl.build.version} could not place {nodes}+{spares} x {segment}"
+        planned = plan(job, ctl.client, test_only=True)
+        assert planned.test_only is not None and planned.request.nodelist is None, planned.notes
+        assert planned.request.segment == segment and "not pinned: Slurm places the segments" in planned.notes[-1]
+        chosen = hostlist.expand(planned.test_only.nodelist, "sbatch --test-only")
+        per_aggregate: dict[int, int] = {}  # aligned aggregates of segment/18 blocks: each holds whole segments
+        for node in chosen:
+            aggregate = (int(node[2:]) - 1) // 18 // (segment // 18)
+            per_aggregate[aggregate] = per_aggregate.get(aggregate, 0) + 1
+        assert all(count % segment == 0 for count in per_aggregate.values()), (segment, per_aggregate)
+
+
 def test_block_dry_run_through_the_cli(block_ctld: CloudController, tmp_path: Path, small_corpus: Path) -> None:
     """The command a user runs, with segments and spares, on each release's controller."""
     ctl = block_ctld

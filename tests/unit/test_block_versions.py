@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from air_hpc.config import load_job
-from air_hpc.errors import ConfigError
+from air_hpc.errors import ConfigError, TopologyError
 from air_hpc.exitcodes import ExitCode
 from air_hpc.records.rundir import RunDir
 from air_hpc.runtime.supervisor import Supervisor, load_topology, unpinned_order
@@ -58,6 +58,39 @@ def job_in(tmp_path: Path, small_corpus: Path, *overrides: str):
 def test_each_release_has_its_block_rules(version: SlurmVersion | None, segments: bool, pinned: bool) -> None:
     rules = block_request_rules(version)
     assert (rules.segments, rules.pinned_segments) == (segments, pinned)
+    assert rules.wide_segments == pinned, "segments wider than a base block arrived with pinned segments, in 25.11"
+
+
+def test_a_segment_wider_than_a_base_block_is_left_to_slurm_from_25_11(tmp_path: Path, small_corpus: Path) -> None:
+    """8-node segments on 4-node blocks: each spans an aggregate of 2 blocks, which Slurm chooses."""
+    job = job_in(tmp_path, small_corpus, "resources.nodes=8", "resources.spare_nodes=8", "placement.segment=8")
+    live = {f"n{i}" for i in range(1, 13)} - {"n12"}
+    topology = treeconf.parse_block(BLOCKS.replace("n[9-12]", "n[9-12]\nBlockName=b4 Nodes=n[13-16]"), "t.conf")
+    request, notes = request_nodes(job, topology, "t.conf", live, ["n11"], version=parse("26.05.3"), out_of_service=[])
+    assert (request.nodelist, request.segment, request.exclude) == (None, 8, "n11"), notes
+    assert "keeps each segment inside one aggregate of 2 blocks; not pinned: Slurm places the segments" in notes[0]
+
+
+@pytest.mark.parametrize(
+    ("version", "overrides", "message"),
+    [
+        (
+            "25.05.8",
+            ["resources.spare_nodes=8"],
+            "Slurm 25.05.8 cannot place it (each segment must fit in one base block; Slurm 25.11",
+        ),
+        ("26.05.3", ["resources.nodes=12", "train.global_batch_size=12"], "does not divide its 12 node(s)"),
+        ("26.05.3", ["resources.spare_nodes=4"], "resources.spare_nodes: placement.segment=8 does not divide its 4"),
+    ],
+    ids=["25.05-refuses", "not-dividing", "spares-not-whole-segments"],
+)
+def test_a_wide_segment_slurm_would_refuse_is_refused_naming_the_rule(
+    tmp_path: Path, small_corpus: Path, version: str, overrides: list[str], message: str
+) -> None:
+    job = job_in(tmp_path, small_corpus, "resources.nodes=8", "placement.segment=8", *overrides)
+    with pytest.raises(TopologyError) as info:
+        request_nodes(job, TOPOLOGY, "topology.conf", None, [], version=parse(version))
+    assert message in str(info.value) and info.value.exit_code == ExitCode.USAGE
 
 
 def test_a_list_beside_several_segments_is_refused_before_25_11_only() -> None:
@@ -125,6 +158,9 @@ def test_a_slurm_version_that_is_no_release_names_the_key(tmp_path: Path, small_
         ("MIXED", False),
         ("ALLOCATED", False),
         ("IDLE+CLOUD+POWERED_DOWN", False),
+        ("IDLE+CLOUD+POWERED_DOWN+NOT_RESPONDING", False),
+        ("IDLE+NOT_RESPONDING", True),
+        ("IDLE+DRAIN+POWERED_DOWN+NOT_RESPONDING", True),
         ("idle~", False),
     ],
 )
