@@ -35,6 +35,10 @@ class TopologyError(UserError):
     """A fabric description that cannot be parsed or a selection that cannot be met."""
 
 
+class RouteError(UserError):
+    """``submit --clusters``: no cluster named answered, so the job cannot be routed (nothing is submitted)."""
+
+
 class SlurmError(AirHpcError):
     """A Slurm command failed; the message keeps its stderr."""
 

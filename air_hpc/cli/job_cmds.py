@@ -16,6 +16,7 @@ from air_hpc.slurm.reasons import plain_reason, with_reason
 if TYPE_CHECKING:
     from air_hpc.config.models import JobConfig
     from air_hpc.launch.plan import Plan
+    from air_hpc.launch.route import RouteDecision
     from air_hpc.launch.submit import Submission
     from air_hpc.ops.control import LogSource, RunStatus
     from air_hpc.records.rundir import RunDir
@@ -79,6 +80,12 @@ def render(job_file: str, overrides: tuple[str, ...], output: str | None, python
     show_default=True,
     help="Submit N links of the run, one at a time (--dependency=singleton), each resuming where the last stopped.",
 )
+@click.option(
+    "--clusters",
+    metavar="A,B",
+    help="Ask these Slurm clusters (the profile's cluster.clusters, else those slurmdbd knows) when and on which "
+    "nodes the job would start, and submit where it starts soonest at acceptable topology quality.",
+)
 @python_option
 @json_option
 def submit(
@@ -91,10 +98,14 @@ def submit(
     fresh: bool,
     after: str | None,
     chain: int,
+    clusters: str | None,
     python: str | None,
     as_json: bool,
 ) -> None:
     """Validate, record and submit JOB_FILE; print the job id (with --chain, one per link).
+
+    With --clusters, each cluster is asked first and the choice and its reason go to stderr and to the
+    run's events (``route``); a cluster that does not answer is skipped with a warning, none answering exits 2.
 
     A run directory holding checkpoints of another model (shapes, vocabulary, tokenizer) is refused
     (exit 2): give a new run.name or --fresh. A changed parallel layout or node count resumes.
@@ -102,15 +113,14 @@ def submit(
     from air_hpc.config import load_job
     from air_hpc.launch import submit as submitting
     from air_hpc.launch.chain import dependency
-    from air_hpc.launch.resume import check_resume
 
     job = load_job(job_file, overrides)
     client = slurm_client()
     waits = _waits_for(job, client, executor, after, chain)
-    resume = check_resume(job, fresh)
-    note = None if resume is None else resume.note()
-    if note is not None and not as_json:
-        click.echo(f"note: {note}", err=True)
+    _note_resume(job, fresh, as_json)
+    decision = None
+    if clusters is not None:
+        job, client, decision = _route(job, client, clusters, executor, python, dependency(waits, chain), as_json)
     if dry_run:
         _dry_run(job, client, executor, python, dependency(waits, chain), fresh, as_json)
         return
@@ -124,6 +134,7 @@ def submit(
             fresh=fresh,
             after=waits,
             chain=chain,
+            route=decision,
         )
     except submitting.RunComplete as complete:  # nothing to do is not an error: say so, exit 0
         if as_json:
@@ -131,6 +142,20 @@ def submit(
         else:
             click.echo(str(complete), err=True)
         return
+    _report_submitted(done, client, wait, as_json)
+
+
+def _note_resume(job: "JobConfig", fresh: bool, as_json: bool) -> None:
+    """What the run resumes from, unless it is refused (another model's checkpoints: exit 2)."""
+    from air_hpc.launch.resume import check_resume
+
+    resume = check_resume(job, fresh)
+    note = None if resume is None else resume.note()
+    if note is not None and not as_json:
+        click.echo(f"note: {note}", err=True)
+
+
+def _report_submitted(done: "Submission", client: "SlurmClient", wait: bool, as_json: bool) -> None:
     if done.set_aside is not None and not as_json:
         click.echo(f"moved the previous run directory aside to {done.set_aside}", err=True)
     if wait:
@@ -141,10 +166,39 @@ def submit(
         _say_submitted(done)
 
 
+def _route(
+    job: "JobConfig",
+    client: "SlurmClient",
+    clusters: str,
+    executor: str,
+    python: str | None,
+    depends: str | None,
+    as_json: bool,
+) -> "tuple[JobConfig, SlurmClient, RouteDecision]":
+    """``--clusters``: the job and client aimed at the cluster chosen (:mod:`air_hpc.launch.route`), and why."""
+    from air_hpc.errors import ConfigError
+    from air_hpc.launch.route import client_for, for_cluster, planned_start, route
+
+    if executor != "slurm":
+        raise ConfigError(f"--clusters: only --executor slurm routes a job across clusters (not {executor})")
+    decision, member = route(
+        job,
+        clusters.split(","),
+        client,
+        planned_start(python, depends),
+        lambda line: click.echo(f"warning: {line}", err=True),
+    )
+    if not as_json:
+        click.echo(f"route: {decision.reason}", err=True)
+    return for_cluster(job, member), client_for(client, member), decision
+
+
 def _say_submitted(done: "Submission") -> None:
     for note in done.plan.notes:
         click.echo(f"note: {note}", err=True)
     click.echo(f"run dir {done.run_dir}", err=True)
+    if done.route is not None:
+        click.echo(f"submitted to cluster {done.route.cluster}", err=True)
     if done.chain:
         click.echo(f"chain of {len(done.chain)} links, one at a time: {' '.join(done.chain)}", err=True)
     click.echo("\n".join(done.chain) if done.chain else done.job_id)
@@ -258,6 +312,8 @@ def _summary(status: "RunStatus") -> str:
         f"job      {status.job.job_id} ({status.submission.executor}): "
         + with_reason(str(status.job.state), status.job.reason),
     ]
+    if status.submission.cluster:
+        lines.append(f"cluster  {status.submission.cluster}")
     if status.job.nodelist:
         lines.append(f"nodes    {status.job.nodelist} ({status.job.nodes})")
     if status.job.elapsed:
@@ -302,15 +358,18 @@ def status(target: str | None, watch: bool, as_json: bool) -> None:
         _print_queue(client, as_json)
         return
     if ascii_int(target) is not None and not Path(target).exists() and not watch:
-        job = client.job_status(target)
+        from air_hpc.ops.control import find_job
+
+        job, cluster = find_job(target, client)
         if job is None:
-            raise UserError(f"job {target}: neither squeue nor sacct knows it")
+            raise UserError(f"job {target}: neither squeue nor sacct knows it (on any cluster slurmdbd knows)")
         if as_json:
-            echo_json(job.to_json())
+            echo_json({**job.to_json(), "cluster": cluster})
         else:
+            where = f" on cluster {cluster}" if cluster else ""
             click.echo(
-                f"job {job.job_id} ({job.name}): {with_reason(str(job.state), job.reason)}, {job.nodes} node(s) "
-                f"{job.nodelist}, restarts {job.restarts}"
+                f"job {job.job_id} ({job.name}){where}: {with_reason(str(job.state), job.reason)}, {job.nodes} "
+                f"node(s) {job.nodelist}, restarts {job.restarts}"
             )
         return
     from air_hpc.ops.sweeps import find_sweep

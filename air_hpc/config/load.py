@@ -240,6 +240,14 @@ def _absolutize(raw: dict[str, Any], source: Source) -> None:
             written = source.lines.get(dotted)
             base = Path.cwd() if dotted in source.overridden or written is None else written[0].parent
             node[key] = str(anchored(base, Path(node[key]).expanduser()))
+    members = (raw.get("cluster") or {}).get("clusters") if isinstance(raw.get("cluster"), dict) else None
+    for index, item in enumerate(members if isinstance(members, list) else []):
+        for key in ("slurm_conf", "topology_file"):
+            if isinstance(item, dict) and isinstance(item.get(key), str):
+                dotted = f"cluster.clusters.{index}.{key}"
+                written = source.lines.get(dotted)
+                base = Path.cwd() if "cluster.clusters" in source.overridden or written is None else written[0].parent
+                item[key] = str(anchored(base, Path(item[key]).expanduser()))
     blend = (raw.get("data") or {}).get("blend") if isinstance(raw.get("data"), dict) else None
     for index, item in enumerate(blend if isinstance(blend, list) else []):
         if isinstance(item, dict) and isinstance(item.get("path"), str):

@@ -63,6 +63,31 @@ class RunConfig(Section):
         return self.root / self.name
 
 
+#: A cluster name as Slurm knows it (``ClusterName``): what ``-M`` takes.
+_SLURM_CLUSTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+class SlurmClusterConfig(Section):
+    """One Slurm cluster a profile may route jobs to (``submit --clusters``)."""
+
+    name: str = Field(description="The cluster's name as Slurm knows it (its ClusterName; what `-M NAME` takes).")
+    slurm_conf: Path | None = Field(
+        None,
+        description="This cluster's own slurm.conf (SLURM_CONF for its commands and the jobs submitted there); "
+        "unset: reached with `-M NAME` through the slurmdbd the clusters share.",
+    )
+    topology_file: Path | None = Field(
+        None, description="This cluster's fabric (topology.conf); unset: the profile's topology_file."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _a_cluster_name(cls, name: str) -> str:
+        if _SLURM_CLUSTER_NAME.fullmatch(name) is None:
+            raise ValueError(f"{name!r} is not a Slurm cluster name; expected letters, digits, '_' or '-'")
+        return name
+
+
 class ClusterConfig(Section):
     name: str = Field(description="Cluster profile name (file name under configs/clusters/).")
     partition: str | None = Field(None, description="Slurm partition (--partition).")
@@ -101,6 +126,22 @@ class ClusterConfig(Section):
         description="Slurm release of the controller, e.g. 25.05.8 (`cluster init` records it); what a block job "
         "may pin depends on it. Unset: asked with `scontrol --version` when submitting.",
     )
+
+    clusters: tuple[SlurmClusterConfig, ...] = Field(
+        (),
+        description="The Slurm clusters of this profile that `submit --clusters` may route a job to, each by its "
+        "Slurm name (with its own slurm.conf and topology file where they differ); empty: the one cluster "
+        "SLURM_CONF names.",
+    )
+
+    @field_validator("clusters")
+    @classmethod
+    def _distinct_clusters(cls, clusters: tuple[SlurmClusterConfig, ...]) -> tuple[SlurmClusterConfig, ...]:
+        names = [c.name for c in clusters]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"cluster {twice[0]!r} is listed twice")
+        return clusters
 
     @field_validator("slurm_version")
     @classmethod

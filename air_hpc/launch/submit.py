@@ -25,9 +25,11 @@ from air_hpc.launch.chain import check_chain, dependency
 from air_hpc.launch.executors import EntryFactory, default_entry, make_executor
 from air_hpc.launch.plan import Plan, plan
 from air_hpc.launch.resume import check_resume, set_aside
+from air_hpc.launch.route import RouteDecision
 from air_hpc.observe.records import load_records, longest_sync_save_s
 from air_hpc.ownership.attempts import recorded_jobs
 from air_hpc.ownership.owner import Owner, claim
+from air_hpc.records.events import EventLog, Route
 from air_hpc.records.files import atomic_write
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import Executor
@@ -49,6 +51,8 @@ class Submission:
     """Where ``fresh`` moved the run's previous directory."""
     chain: tuple[str, ...] = ()
     """``--chain N``: every link's job id, the first being ``job_id``."""
+    route: RouteDecision | None = None
+    """``--clusters``: the cluster chosen and why."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -61,6 +65,10 @@ class Submission:
             "switches": self.plan.request.switches,
             "segment": self.plan.request.segment,
             "chain": list(self.chain),
+            "cluster": None if self.route is None else self.route.cluster,
+            "route": None
+            if self.route is None
+            else {"reason": self.route.reason, "answers": [a.to_json() for a in self.route.answers]},
             "test_only": None
             if self.plan.test_only is None
             else {"start": self.plan.test_only.start, "nodelist": self.plan.test_only.nodelist},
@@ -85,6 +93,7 @@ def submit(
     fresh: bool = False,
     after: str | None = None,
     chain: int = 1,
+    route: RouteDecision | None = None,
 ) -> Submission:
     """Validate, record and submit; returns once the job has an id (:mod:`air_hpc.ops.waiting` follows it).
 
@@ -95,7 +104,8 @@ def submit(
     Refuses checkpoints the job cannot load (:func:`~air_hpc.launch.resume.check_resume`); ``fresh``
     moves the run's existing directory aside (under the owner lock, once no live job owns it) and starts anew.
     ``after``: a Slurm dependency (``afterok:12``); ``chain``: links of one run, one at a time
-    (:mod:`air_hpc.launch.chain`).
+    (:mod:`air_hpc.launch.chain`). ``route``: the cluster ``submit --clusters`` chose (``client`` is aimed at
+    it), recorded as a ``route`` event once the job has an id.
     """
     backend = make_executor(executor, client, entry)
     backend.check(job)
@@ -103,13 +113,7 @@ def submit(
     if after is not None and executor == "local":
         raise ConfigError("--after: the local executor has no Slurm to wait with; use --executor slurm or submitit")
     check_resume(job, fresh)
-    final = None if fresh else completed_step(job)
-    if final is not None and not force:
-        raise RunComplete(
-            f"{RunDir.of(job).path} is complete: its final checkpoint (step {final}) exists for "
-            f"train.steps={job.train.steps}; nothing submitted. --force submits anyway; "
-            "a higher train.steps (--set train.steps=N) continues the run"
-        )
+    check_not_complete(job, fresh, force)
     if step_command is None:
         check_data(job)
     if executor != "local":
@@ -131,8 +135,27 @@ def submit(
         launched = backend.launch(plan_, run_dir)
         links = (launched.job_id, *more_links(client, run_dir, chain - 1)) if chain > 1 else ()
         take_ownership(launched.job_id, executor, launched.process, chain=links)
+    if route is not None:
+        record_route(run_dir, route, launched.job_id)
     log.info("submitted job %s (%s) for run %s", launched.job_id, executor, run_dir.path)
-    return Submission(launched.job_id, executor, run_dir.path, plan_, launched.handle, aside, links)
+    return Submission(launched.job_id, executor, run_dir.path, plan_, launched.handle, aside, links, route)
+
+
+def check_not_complete(job: JobConfig, fresh: bool, force: bool) -> None:
+    """:class:`RunComplete` when the run's final checkpoint exists (unless ``force``, or ``fresh`` starts anew)."""
+    final = None if fresh else completed_step(job)
+    if final is not None and not force:
+        raise RunComplete(
+            f"{RunDir.of(job).path} is complete: its final checkpoint (step {final}) exists for "
+            f"train.steps={job.train.steps}; nothing submitted. --force submits anyway; "
+            "a higher train.steps (--set train.steps=N) continues the run"
+        )
+
+
+def record_route(run_dir: RunDir, route: RouteDecision, job_id: str) -> None:
+    """The ``route`` event: the cluster ``--clusters`` chose for the job, why, and what each cluster answered."""
+    answers = [answer.to_json() for answer in route.answers]
+    EventLog(run_dir.events).emit(Route(route.cluster, job_id, route.reason, answers))
 
 
 def more_links(client: SlurmClient, run_dir: RunDir, count: int) -> list[str]:

@@ -23,7 +23,7 @@ from air_hpc.ownership.attempts import reconcile
 from air_hpc.ownership.local_job import CANCEL_GRACE_S, cancel_local, local_job_status
 from air_hpc.ownership.owner import read_owner
 from air_hpc.records.rundir import RunDir
-from air_hpc.records.submissions import SubmissionRecord, latest_submission, record_cancel
+from air_hpc.records.submissions import SubmissionRecord, latest_submission, record_cancel, submissions
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.jobs import JobState, JobStatus, merge_status
 from air_hpc.slurm.reasons import with_reason
@@ -60,6 +60,7 @@ class RunStatus:
         return {
             "run_dir": str(self.run_dir.path),
             "executor": self.submission.executor,
+            "cluster": self.submission.cluster,
             **self.job.to_json(),
             "restarts": self.restarts,
             "progress": self.progress.to_json() if self.progress else None,
@@ -70,8 +71,49 @@ class RunStatus:
         }
 
 
+def run_client(run_dir: RunDir, client: SlurmClient) -> SlurmClient:
+    """The client aimed at the cluster holding the run's current job (the one its latest submission records).
+
+    A job submitted with ``--clusters`` is followed on the cluster it went to: with ``-M NAME``, and with that
+    cluster's own slurm.conf where the run's cluster profile names one. Without a recorded cluster: ``client``.
+    """
+    records = submissions(run_dir)
+    cluster = records[-1].cluster if records else None
+    if cluster is None or cluster == client.cluster_name:
+        return client
+    conf = None
+    if run_dir.job_json.is_file():
+        try:
+            listed = run_dir.read_job().cluster.clusters
+        except UserError:
+            listed = ()
+        conf = next((c.slurm_conf for c in listed if c.name == cluster), None)
+    return client.on_cluster(cluster, conf)
+
+
+def find_job(job_id: str, client: SlurmClient) -> tuple[JobStatus | None, str | None]:
+    """A bare job id's status and the cluster that holds it: the default cluster first, then every cluster
+    slurmdbd's accounting finds it on (``sacct -M all``, then ``squeue``/``sacct -M`` there). (None, None): no one."""
+    found = client.job_status(job_id)
+    if found is not None:
+        return found, client.cluster_name
+    try:
+        elsewhere = [c for c in client.clusters_of_job(job_id) if c != client.cluster_name]
+    except SlurmError:
+        return None, None
+    for cluster in elsewhere:  # the default cluster's own name among them answers None again
+        try:
+            found = client.on_cluster(cluster).job_status(job_id)
+        except SlurmError:
+            continue
+        if found is not None:
+            return found, cluster
+    return None, None
+
+
 def run_status(run_dir: RunDir, client: SlurmClient) -> RunStatus:
     reconcile(run_dir, client)
+    client = run_client(run_dir, client)
     record = latest_submission(run_dir)
     records = load_records(run_dir)
     local = record.executor == "local"
@@ -174,13 +216,15 @@ class CancelOutcome:
             "run_dir": str(run_dir.path),
             "job_id": self.record.job_id,
             "executor": self.record.executor,
+            "cluster": self.record.cluster,
             "cancelled": self.cancelled,
             "state": self.state,
             "detail": self.detail,
         }
 
     def message(self) -> str:
-        job = f"job {self.record.job_id} ({self.record.executor})"
+        where = f" on cluster {self.record.cluster}" if self.record.cluster else ""
+        job = f"job {self.record.job_id} ({self.record.executor}){where}"
         ended = f": {self.detail}" if self.detail else ""
         if self.cancelled:
             return f"cancelled {job}, which was {self.state}{ended}"
@@ -194,6 +238,7 @@ class CancelOutcome:
 def cancel_run(run_dir: RunDir, client: SlurmClient) -> CancelOutcome:
     """Stop the run's current job if it is still queued or running; an ended job is left alone and said so."""
     reconcile(run_dir, client)
+    client = run_client(run_dir, client)
     record = latest_submission(run_dir)
     if record.executor == "local":
         before = local_job_status(run_dir, record).state

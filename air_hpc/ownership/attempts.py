@@ -48,8 +48,9 @@ def settle(run_dir: RunDir, client: SlurmClient, now_s: float | None = None) -> 
     known = {record.job_id for record in submissions(run_dir)}
     user = getpass.getuser()
     for attempt in pending:
+        asker = client if attempt.cluster in (None, client.cluster_name) else client.on_cluster(str(attempt.cluster))
         try:
-            job_id = client.find_submitted(attempt.token, user, attempt.time_s, run_dir.path, known)
+            job_id = asker.find_submitted(attempt.token, user, attempt.time_s, run_dir.path, known)
         except SlurmUnreachableError as exc:
             raise SlurmUnreachableError(
                 f"{run_dir.path}: the submit of {_when(attempt.time_s)} may have queued a job "
@@ -57,7 +58,9 @@ def settle(run_dir: RunDir, client: SlurmClient, now_s: float | None = None) -> 
             ) from None
         if job_id is not None:
             log.warning("the submit of %s did queue job %s; recorded it", _when(attempt.time_s), job_id)
-            record_submission(run_dir, job_id, attempt.executor, now_s=attempt.time_s, token=attempt.token)
+            record_submission(
+                run_dir, job_id, attempt.executor, now_s=attempt.time_s, token=attempt.token, cluster=attempt.cluster
+            )
             known.add(job_id)
             found.append(Owner(job_id, attempt.executor, attempt.time_s))
             continue
@@ -109,7 +112,7 @@ def sbatch_recorded(client: SlurmClient, run_dir: RunDir, job_name: str) -> str:
 
     Earlier attempts are settled before, under the owner lock (:func:`recorded_jobs`).
     """
-    attempt = Attempt(f"air-hpc-{uuid.uuid4().hex}", job_name, "slurm", time.time())
+    attempt = Attempt(f"air-hpc-{uuid.uuid4().hex}", job_name, "slurm", time.time(), client.cluster_name)
     record_attempt(run_dir, attempt)
     try:
         job_id = client.sbatch(run_dir.sbatch, [f"--comment={attempt.token}"])
@@ -124,5 +127,5 @@ def sbatch_recorded(client: SlurmClient, run_dir: RunDir, job_name: str) -> str:
     except SlurmError:
         record_not_submitted(run_dir, attempt.token)
         raise
-    record_submission(run_dir, job_id, "slurm", token=attempt.token)
+    record_submission(run_dir, job_id, "slurm", token=attempt.token, cluster=client.cluster_name)
     return job_id

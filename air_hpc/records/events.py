@@ -55,6 +55,7 @@ class EventKind(StrEnum):
     IN_JOB_RESTART = "in_job_restart"  # runtime.supervisor: the step restarts on spare nodes
     STEP_STARTED = "step_started"  # runtime.supervisor
     STEP_ENDED = "step_ended"  # runtime.supervisor
+    ROUTE = "route"  # launch.submit: ``submit --clusters`` chose the cluster (launch.route), and why
 
 
 @dataclass(frozen=True)
@@ -310,6 +311,16 @@ class StepEnded(Payload):
     elapsed_s: float
 
 
+@dataclass(frozen=True)
+class Route(Payload):
+    KIND = EventKind.ROUTE
+    cluster: str
+    job_id: str
+    reason: str
+    answers: list[dict[str, Any]]
+    """Each cluster asked: its expected start, nodes and their quality, or why it was skipped."""
+
+
 #: The kinds that say a start resumed (its ``step``): from a persistent checkpoint or from in-memory snapshots.
 RESUME_KINDS = frozenset({EventKind.RESUME, EventKind.MEMORY_RESUME})
 
@@ -321,7 +332,7 @@ PAYLOADS: Mapping[EventKind, type[Payload]] = {
         Start, Startup, Stop, Signal, Preempted, Requeue, CheckpointSaved, CheckpointFailed, CheckpointSkipped,
         CheckpointPartial, CheckpointInterval, FreshStart, Resume, CrashLoop, RankFailed, Hang, Unhealthy, Straggler,
         NodeDead, SparesExhausted, InJobRestart, StepStarted, StepEnded, SnapshotBuddies, SnapshotSkipped,
-        MemoryResume,
+        MemoryResume, Route,
     )
 }  # fmt: skip
 

@@ -37,6 +37,8 @@ class SubmissionRecord:
     """Local executor: each rank's last recorded exit code."""
     cancelled: bool = False
     """``air-hpc cancel`` stopped this job."""
+    cluster: str | None = None
+    """The Slurm cluster that holds the job (``submit --clusters``); None: the default cluster (SLURM_CONF's)."""
 
 
 def _append(run_dir: RunDir, kind: str, time_s: float | None = None, **fields: object) -> None:
@@ -50,9 +52,13 @@ def record_submission(
     now_s: float | None = None,
     pid_started_s: float | None = None,
     token: str | None = None,
+    cluster: str | None = None,
 ) -> None:
-    """One ``submitted`` line; a local job's controller also by its start time, an sbatch by its attempt's token."""
+    """One ``submitted`` line; a local job's controller also by its start time, an sbatch by its attempt's token,
+    a job on another Slurm cluster by that cluster's name."""
     fields: dict[str, object] = {"job_id": job_id, "executor": executor}
+    if cluster is not None:
+        fields["cluster"] = cluster
     if pid_started_s is not None:
         fields["pid_started_s"] = pid_started_s
     if token is not None:
@@ -68,12 +74,21 @@ class Attempt:
     job_name: str
     executor: Executor
     time_s: float
+    cluster: str | None = None
+    """The Slurm cluster the sbatch went to (``-M``); None: the default cluster."""
 
 
 def record_attempt(run_dir: RunDir, attempt: Attempt) -> None:
     """Written before sbatch runs, so a submit whose answer was lost can still be found and managed."""
+    where = {} if attempt.cluster is None else {"cluster": attempt.cluster}
     _append(
-        run_dir, "submitting", attempt.time_s, token=attempt.token, job_name=attempt.job_name, executor=attempt.executor
+        run_dir,
+        "submitting",
+        attempt.time_s,
+        token=attempt.token,
+        job_name=attempt.job_name,
+        executor=attempt.executor,
+        **where,
     )
 
 
@@ -92,7 +107,9 @@ def pending_attempts(run_dir: RunDir) -> list[Attempt]:
         if row.get(KIND) != "submitting" or not isinstance(token, str) or token in settled:
             continue
         if executor in EXECUTORS and isinstance(name, str):
-            pending.append(Attempt(token, name, executor, _number(row.get("time"), float) or 0.0))
+            cluster = row.get("cluster")
+            where = cluster if isinstance(cluster, str) else None
+            pending.append(Attempt(token, name, executor, _number(row.get("time"), float) or 0.0, where))
     return pending
 
 
@@ -139,6 +156,7 @@ def submissions(run_dir: RunDir) -> list[SubmissionRecord]:
                 pid_started_s=_number(row.get("pid_started_s"), float) if pid is not None else None,
                 exits=exits,
                 cancelled=any(r.get(KIND) == "cancelled" for r in mine),
+                cluster=row["cluster"] if isinstance(row.get("cluster"), str) else None,
             )
         )
     return records

@@ -62,7 +62,7 @@ from air_hpc.records.events import EventKind, EventLog, Payload, Preempted, Requ
 from air_hpc.records.files import atomic_write
 from air_hpc.records.generation import generation, generation_dir, read_exit_code, start_hostfile
 from air_hpc.records.rundir import RunDir
-from air_hpc.records.submissions import record_start, record_submission
+from air_hpc.records.submissions import record_start, record_submission, submissions
 from air_hpc.runtime.rendezvous import free_master_port, master_port
 from air_hpc.slurm import hostlist
 from air_hpc.slurm.client import IN_JOB, SlurmClient
@@ -139,7 +139,8 @@ def start(
     (, rank 0's address and port).
     """
     if advance_chain(run_dir, job.job_id) is not None:  # a chain's next link: the run's job from now on
-        record_submission(run_dir, job.job_id, "slurm")
+        earlier = submissions(run_dir)  # a routed run's links run on the cluster of its first
+        record_submission(run_dir, job.job_id, "slurm", cluster=earlier[-1].cluster if earlier else None)
     fence_settled(run_dir, environ, client)
     owner = read_owner(run_dir)
     if owner is not None and owner.chain and client is not None and run_complete(run_dir):

@@ -157,6 +157,30 @@ def talks_to_slurmctld(args: Sequence[str]) -> bool:
     return not offline
 
 
+#: Commands that take Slurm's multi-cluster option (``-M NAME``, here ``--clusters=NAME``).
+MULTI_CLUSTER_COMMANDS = frozenset({"sbatch", "squeue", "sacct", "scancel", "scontrol", "sinfo"})
+
+
+def with_cluster(args: Sequence[str], cluster: str | None) -> list[str]:
+    """``args`` aimed at ``cluster`` with Slurm's ``--clusters=NAME`` (``-M``), where the command takes it.
+
+    ``scontrol --version`` and the offline ``scontrol show hostnames`` ask no daemon (with ``-M``
+    scontrol would ask slurmdbd for the cluster first); ``srun`` runs inside a job, on its cluster. Pure.
+    """
+    if cluster is None or not args or args[0] not in MULTI_CLUSTER_COMMANDS:
+        return list(args)
+    if args[0] != "sacct" and not talks_to_slurmctld(args):  # sacct asks slurmdbd, which holds every cluster
+        return list(args)
+    return [args[0], f"--clusters={cluster}", *args[1:]]
+
+
+def strip_cluster_banner(text: str) -> str:
+    """squeue, sinfo and scontrol under ``-M`` print a ``CLUSTER: NAME`` line before each cluster's answer. Pure."""
+    if "CLUSTER: " not in text:
+        return text
+    return "".join(line for line in text.splitlines(keepends=True) if not line.startswith("CLUSTER: "))
+
+
 class NotRun(SlurmUnreachableError):
     """The controller is known to be down, so the command was not even started (nothing was submitted)."""
 
@@ -171,11 +195,16 @@ class SlurmClient:
         deadline_s: float | None = None,
         bin_dir: Path | None = None,
         run_as: str | None = None,
+        cluster_name: str | None = None,
     ) -> None:
         """``bin_dir``: where Slurm's commands are (a build's ``PREFIX/bin``); it goes first on the commands'
         ``PATH``, which both picks the executables and is what jobs submitted through this client inherit.
-        ``run_as``: run every command as this user (``runuser -u``; root only), so its jobs are that user's."""
+        ``run_as``: run every command as this user (``runuser -u``; root only), so its jobs are that user's.
+        ``cluster_name``: aim every command at this Slurm cluster (``-M NAME``; see :meth:`on_cluster`)."""
         self.run_as = run_as
+        self.cluster_name = cluster_name
+        self.own_conf = False
+        """Whether ``SLURM_CONF`` was set for the bound cluster (else it is the default cluster's)."""
         self.env = {**os.environ, **(env or {})}
         if bin_dir is not None:
             self.env["PATH"] = os.pathsep.join(filter(None, [str(bin_dir), self.env.get("PATH", "")]))
@@ -189,10 +218,41 @@ class SlurmClient:
 
     def as_user(self, user: str) -> "SlurmClient":
         """The same client, its commands run as ``user`` (root only): another user's jobs, on a testbed."""
-        return SlurmClient(self.env, self.timeout_s, self.retries, self.backoff_s, self.deadline_s, run_as=user)
+        bound = SlurmClient(
+            self.env,
+            self.timeout_s,
+            self.retries,
+            self.backoff_s,
+            self.deadline_s,
+            run_as=user,
+            cluster_name=self.cluster_name,
+        )
+        bound.own_conf = self.own_conf
+        return bound
+
+    def on_cluster(self, name: str, slurm_conf: Path | None = None) -> "SlurmClient":
+        """The same client aimed at Slurm cluster ``name``: every command with ``-M NAME`` (the clusters share a
+        slurmdbd, which knows each controller), and with ``slurm_conf``, that cluster's own ``SLURM_CONF`` for the
+        commands and for the jobs submitted through it (they run on that cluster's nodes)."""
+        env = {**self.env, "SLURM_CONF": str(slurm_conf)} if slurm_conf is not None else self.env
+        bound = SlurmClient(
+            env, self.timeout_s, self.retries, self.backoff_s, self.deadline_s, run_as=self.run_as, cluster_name=name
+        )
+        bound.own_conf = slurm_conf is not None
+        return bound
+
+    def cluster_names(self, *, retry: RetryPolicy = PATIENT) -> tuple[str, ...]:
+        """Every cluster the slurmdbd knows (``sacctmgr show clusters``): those ``-M`` can reach."""
+        out = self.run(["sacctmgr", "--noheader", "--parsable2", "show", "clusters", "format=Cluster"], retry=retry)
+        return tuple(dict.fromkeys(line.strip() for line in out.stdout.splitlines() if line.strip()))
 
     def controller_refused(self) -> str | None:
-        """``host:port, ...`` when every controller address in slurm.conf refuses connections, else None."""
+        """``host:port, ...`` when every controller address in slurm.conf refuses connections, else None.
+
+        A client aimed at another cluster with ``-M`` and no slurm.conf of its own cannot tell (the file names
+        the default cluster's controller): None."""
+        if self.cluster_name is not None and not self.own_conf:
+            return None
         addresses = refused_everywhere(self.env, timeout_s=min(2.0, self.deadline_s))
         return describe(addresses) if addresses else None
 
@@ -214,6 +274,7 @@ class SlurmClient:
         client deadline after that, calls fail without waiting again. ``check=False``
         (the caller reads the answer itself, e.g. ``scontrol ping``) skips both.
         """
+        args = with_cluster(args, self.cluster_name)
         self._refuse_early(args, check)
         deadline_s = self.deadline_s if retry.deadline_s is None else min(retry.deadline_s, self.deadline_s)
         deadline = time.monotonic() + deadline_s
@@ -224,6 +285,8 @@ class SlurmClient:
             left = deadline - time.monotonic()
             budget = max(0.1, min(timeout_s or self.timeout_s, left if attempt == attempts else left / 2))
             result = self._run_once(args, input_text, budget, probe_slow=check and talks_to_slurmctld(args))
+            if self.cluster_name is not None:
+                result.stdout = strip_cluster_banner(result.stdout)
             if result.returncode == 0 or not check:
                 return result
             stderr = result.stderr.strip()
@@ -457,6 +520,20 @@ class SlurmClient:
             restarts = ascii_int(shown.get("Restarts", ""))
             return merge_status(job_id, queued, [], restarts)
         return merge_status(job_id, [], self.sacct([job_id]), restarts)
+
+    def clusters_of_job(self, job_id: str, *, retry: RetryPolicy = PATIENT) -> tuple[str, ...]:
+        """The clusters whose accounting holds job ``job_id`` (``sacct -M all``): where a bare job id may live."""
+        args = [
+            "sacct",
+            "--clusters=all",
+            "--noheader",
+            "--parsable2",
+            "--allocations",
+            f"--jobs={job_id}",
+            "--format=Cluster",
+        ]
+        out = self.run(args, retry=retry).stdout
+        return tuple(dict.fromkeys(line.strip() for line in out.splitlines() if line.strip()))
 
     def preemption(self, job_id: str, *, retry: RetryPolicy = PATIENT) -> Preemption | None:
         """Slurm's own preemption of the job (PreemptMode=REQUEUE); None when it was not preempted or is forgotten.

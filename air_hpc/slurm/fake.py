@@ -117,6 +117,14 @@ class FakeSlurm(SlurmClient):
         self.pyxis = False
         """Whether srun has pyxis's SPANK options (``srun --help`` lists ``--container-image``)."""
         self.max_array_size = 1001
+        self.members: dict[str, FakeSlurm] = {}
+        self.unknown_cluster = False
+        self.default_name = "main"
+        """The ClusterName of the cluster SLURM_CONF names (the one reached without ``-M``)."""
+        self.given_conf: Path | None = None
+        """Other clusters sharing this one's slurmdbd (:meth:`add_cluster`), reached with ``-M NAME``."""
+        self.test_only_start = "2026-12-02T14:00:00"
+        """The start ``sbatch --test-only`` predicts (local time)."""
         self.slurmctld_parameters = ""
         """``SlurmctldParameters`` in ``scontrol show config`` (``enable_expedited_requeue``) without cluster text."""
         """``MaxArraySize`` in ``scontrol show config`` when the fake has no cluster text."""
@@ -147,6 +155,26 @@ class FakeSlurm(SlurmClient):
         job.earlier_runs.append((JobState.REQUEUED, job.nodelist, job.exit_code))
         job.state, job.reason, job.restarts = JobState.PENDING, "BeginTime", job.restarts + 1
 
+    def add_cluster(self, name: str, nodes: dict[str, str] | None = None) -> "FakeSlurm":
+        """Another cluster registered in the same slurmdbd: ``on_cluster(name)`` reaches it (``-M NAME``)."""
+        member = FakeSlurm(retries=self.retries, nodes=nodes)
+        member.cluster_name = name
+        member.next_id = self.next_id + 1000 * (len(self.members) + 1)
+        self.members[name] = member
+        return member
+
+    def on_cluster(self, name: str, slurm_conf: Path | None = None) -> SlurmClient:
+        """The member cluster ``name`` (its commands carry ``--clusters=NAME``); one slurmdbd does not know: a
+        cluster whose every command fails as Slurm's do for an unknown ``-M`` name."""
+        member = self.members.get(name)
+        if member is None:
+            member = FakeSlurm(retries=self.retries)
+            member.cluster_name = name
+            member.unknown_cluster = True
+        member.own_conf = slurm_conf is not None
+        member.given_conf = slurm_conf
+        return member
+
     # What the client sees.
 
     def controller_refused(self) -> str | None:
@@ -157,6 +185,14 @@ class FakeSlurm(SlurmClient):
     ) -> subprocess.CompletedProcess[str]:
         args = list(args)
         self.calls.append(args)
+        if self.cluster_name is not None:  # the real client added -M; this fake is that cluster
+            if f"--clusters={self.cluster_name}" not in args and args[0] in ("sbatch", "squeue", "scancel", "sacct"):
+                raise AssertionError(f"fake cluster {self.cluster_name}: {shlex.join(args)} lacks --clusters")
+            args = [a for a in args if not a.startswith("--clusters=")]
+            if self.unknown_cluster:
+                return self._done(args, 1, err=f"{args[0]}: error: No cluster '{self.cluster_name}' known by database.")
+        elif any(a == "--clusters=all" for a in args) and args[0] == "sacct":
+            return self._sacct_all(args)
         if not self._reachable and args[1:] != ["--version"]:  # --version asks no daemon
             return self._done(args, 1, err=UNREACHABLE.format(cmd=args[0]))
         if not self.accounting_up and args[0] in ("sacct", "sacctmgr"):
@@ -195,10 +231,12 @@ class FakeSlurm(SlurmClient):
         if "--test-only" in args:
             if not self._could_start_now(nodes, opts.get("nodelist")):
                 return self._done(args, 1, err=NODES_UNAVAILABLE)
+            where = f" on cluster {self.cluster_name}" if self.cluster_name else ""
             return self._done(
                 args,
-                err=f"sbatch: Job {self.next_id} to start at 2026-12-02T14:00:00 using {nodes * 2} processors "
-                f"on nodes n[1-{nodes}] in partition {opts.get('partition', 'debug')}\n",
+                err=f"sbatch: Job {self.next_id} to start at {self.test_only_start}{where} using {nodes * 2} "
+                f"processors on nodes {opts.get('nodelist') or f'n[1-{nodes}]'} in partition "
+                f"{opts.get('partition', 'debug')}\n",
             )
         job_id = str(self.next_id)
         self.next_id += 1
@@ -210,7 +248,7 @@ class FakeSlurm(SlurmClient):
             )
         if self.lose_sbatch_reply:
             return self._done(args, 1, err="sbatch: error: Batch job submission failed: Socket timed out on send/recv")
-        return self._done(args, out=f"{job_id}\n")
+        return self._done(args, out=f"{job_id};{self.cluster_name}\n" if self.cluster_name else f"{job_id}\n")
 
     def _no_such_gres(self, opts: dict[str, str]) -> bool:
         """GPUs asked of a partition without GPU gres (known only when the fake has cluster text)."""
@@ -250,7 +288,8 @@ class FakeSlurm(SlurmClient):
             "Z": lambda j: j.workdir,
         }
         lines = [re.sub(r"%(\w)", lambda m, j=j: codes[m.group(1)](j), fmt) for j in live]  # type: ignore[misc]
-        return self._done(args, out="".join(line + "\n" for line in lines))
+        banner = f"CLUSTER: {self.cluster_name}\n" if self.cluster_name else ""
+        return self._done(args, out=banner + "".join(line + "\n" for line in lines))
 
     def _sacct(self, args: list[str]) -> subprocess.CompletedProcess[str]:
         wanted = (self._option(args, "jobs") or "").split(",")
@@ -276,6 +315,13 @@ class FakeSlurm(SlurmClient):
                 }
                 lines.append("|".join(values[f] for f in fields))
         return self._done(args, out="".join(line + "\n" for line in lines))
+
+    def _sacct_all(self, args: list[str]) -> subprocess.CompletedProcess[str]:
+        """``sacct -M all --jobs=ID --format=Cluster``: the clusters whose accounting holds the job."""
+        wanted = self._option(args, "jobs")
+        everyone = {self.default_name: self, **self.members}
+        found = [name for name, fake in everyone.items() if wanted in fake.jobs]
+        return self._done(args, out="".join(f"{name}\n" for name in found))
 
     def _scontrol(self, args: list[str]) -> subprocess.CompletedProcess[str]:
         if args[1:] == ["--version"]:
@@ -342,6 +388,8 @@ class FakeSlurm(SlurmClient):
         return self._done(args, out="" if self.cluster is None else self.cluster.sinfo)
 
     def _sacctmgr(self, args: list[str]) -> subprocess.CompletedProcess[str]:
+        if "clusters" in args:
+            return self._done(args, out="".join(f"{name}\n" for name in [self.default_name, *self.members]))
         if self.cluster is None or self.cluster.default_account is None:
             return self._done(
                 args,

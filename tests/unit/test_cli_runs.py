@@ -71,6 +71,7 @@ def test_status_and_cancel_by_name(
     assert out.startswith("{\n  ")
     assert json.loads(out) == {
         "cancelled": True,
+        "cluster": None,
         "executor": "slurm",
         "job_id": job_id,
         "run_dir": str(tmp_path / "runs" / "gpt-tiny-local"),

@@ -26,7 +26,7 @@ ON_DISK = {
     "start", "startup", "stop", "signal", "preempted", "requeue", "checkpoint_saved", "checkpoint_failed",
     "checkpoint_skipped", "checkpoint_partial", "checkpoint_interval", "fresh_start", "resume", "crash_loop",
     "rank_failed", "hang", "unhealthy", "straggler", "node_dead", "spares_exhausted", "in_job_restart", "step_started",
-    "step_ended", "snapshot_buddies", "snapshot_skipped", "memory_resume",
+    "step_ended", "snapshot_buddies", "snapshot_skipped", "memory_resume", "route",
 }  # fmt: skip
 #: Modules that read events: observe/, chaos/, ops/, the demo and the crash-loop rule.
 READERS = ("observe", "chaos", "ops", "demo.py", "resilience/progress.py")
