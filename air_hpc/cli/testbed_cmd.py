@@ -59,6 +59,14 @@ def testbed() -> None:
     "needs --tenants). [default: qos with --tenants, else partition]",
 )
 @click.option(
+    "--clusters",
+    type=click.IntRange(1, 2),
+    default=1,
+    show_default=True,
+    help="Slurm clusters: 2 adds a second (airtbb, nodes b1...) with its own slurmctld and slurmds, registered in "
+    "the same slurmdbd (Slurm's multi-cluster operation: -M airtbb); `testbed status --json` lists their files.",
+)
+@click.option(
     "--slurm-prefix",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
@@ -72,6 +80,7 @@ def up(
     preempt_send_user_signal: bool,
     tenants: bool,
     preempt_by: str | None,
+    clusters: int,
     slurm_prefix: Path | None,
 ) -> None:
     """Start the testbed (safe to run twice) and wait until every node is idle.
@@ -87,6 +96,7 @@ def up(
         preempt_grace_s=preempt_grace_s,
         preempt_send_user_signal=preempt_send_user_signal,
         tenants=tenants,
+        clusters=clusters,
         preempt_by="qos" if preempt_by == "qos" or (preempt_by is None and tenants) else "partition",
     )
     bed = Testbed(state_dir)
@@ -135,9 +145,18 @@ def _print_status(info: dict[str, Any]) -> None:
     table = Table(title=f"testbed {info['state_dir']} ({slurm})")
     table.add_column("node")
     table.add_column("state")
+    further = info.get("clusters", [])[1:]
+    if further:
+        table.add_column("cluster")
+    own = [info.get("clusters", [{}])[0].get("name", "")] if further else []
     for node, state in info["nodes"].items():
-        table.add_row(node, state)
+        table.add_row(node, state, *own)
+    for cluster in further:
+        for node, state in cluster["nodes"].items():
+            table.add_row(node, state, cluster["name"])
     console.print(table)
+    for cluster in info.get("clusters", []) if further else []:
+        console.print(f"cluster {cluster['name']}: SLURM_CONF={cluster['slurm_conf']}", highlight=False)
     daemons = ", ".join(f"{name}={d['pid']}" for name, d in info["daemons"].items())
     console.print(f"daemons: {daemons}")
     settings = info.get("settings", {})

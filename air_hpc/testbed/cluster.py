@@ -17,7 +17,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,8 @@ from air_hpc.topology.synthetic import fat_tree
 log = logging.getLogger(__name__)
 
 CLUSTER_NAME = "airtb"
+#: Node names of the further cluster (``up --clusters 2``, named CLUSTER_NAME + "b"): b1, b2, ...
+MEMBER_NODE_PREFIX = "b"
 DEFAULT_LEAVES = (2, 4, 2)
 #: Node states of a node in service (sinfo's long names, without flags such as ``*``, not responding).
 IN_SERVICE = frozenset({"idle", "allocated", "mixed", "completing"})
@@ -74,6 +76,33 @@ class Daemon:
             return proc
         except psutil.Error:
             return None
+
+
+def member_names(clusters: int) -> list[str]:
+    """The names of the testbed's further clusters (``up --clusters N``): ``airtbb`` for the second."""
+    return [CLUSTER_NAME + chr(ord("a") + i) for i in range(1, clusters)]
+
+
+@dataclass(frozen=True)
+class Member:
+    """A further Slurm cluster of the testbed: its own slurmctld and slurmds, the testbed's slurmdbd and munge."""
+
+    name: str
+    nodes: tuple[str, ...]
+    ports: Ports
+    layout: Layout
+
+    @classmethod
+    def of(cls, root: Layout, data: dict[str, Any]) -> "Member":
+        ports = Ports(**{**data["ports"], "slurmd": tuple(data["ports"]["slurmd"])})
+        return cls(data["name"], tuple(data["nodes"]), ports, root.member(data["name"]))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "nodes": list(self.nodes), "ports": asdict(self.ports)}
+
+
+def _members(layout: Layout, state: dict[str, Any] | None) -> list[Member]:
+    return [Member.of(layout, m) for m in (state or {}).get("members", [])]
 
 
 def default_state_dir() -> Path:
@@ -131,6 +160,24 @@ class Testbed:
         build = self.build
         return SlurmClient(env=self.env, bin_dir=build.bin_dir if build else None, **kwargs)
 
+    def clusters(self) -> list[dict[str, str]]:
+        """Every Slurm cluster of the testbed, as a cluster profile lists them (``cluster.clusters``): its name,
+        slurm.conf and topology file; the testbed's own cluster first."""
+        own = {"name": CLUSTER_NAME, "slurm_conf": str(self.layout.slurm_conf)}
+        listed = [{**own, "topology_file": str(self.layout.topology_conf)}]
+        for member in _members(self.layout, self._read_state()):
+            lay = member.layout
+            listed.append(
+                {"name": member.name, "slurm_conf": str(lay.slurm_conf), "topology_file": str(lay.topology_conf)}
+            )
+        return listed
+
+    def member_client(self, name: str, **kwargs: Any) -> SlurmClient:
+        """A client of a further cluster through its own slurm.conf (no ``-M``): what its daemons' checks use."""
+        build = self.build
+        env = {**self.env, "SLURM_CONF": str(self.layout.member(name).slurm_conf)}
+        return SlurmClient(env=env, bin_dir=build.bin_dir if build else None, **kwargs)
+
     def up(
         self,
         leaves: Sequence[int] = DEFAULT_LEAVES,
@@ -153,6 +200,10 @@ class Testbed:
             raise TestbedError(f"testbed.preempt_grace_s: {settings.preempt_grace_s} must be >= 0 seconds")
         if settings.preempt_by == "qos" and not settings.tenants:
             raise TestbedError("--preempt-by qos: preemption by QOS needs the QOS tiers of --tenants")
+        if settings.clusters not in (1, 2):
+            raise TestbedError(f"--clusters {settings.clusters}: the testbed runs 1 or 2 clusters")
+        if settings.clusters > 1 and settings.tenants:
+            raise TestbedError("--clusters 2 with --tenants: the tenants are set up on one cluster only")
         state = self._read_state()
         if state and self._all_alive(state):
             self._check_same_shape(state, leaves, settings, build)
@@ -183,6 +234,8 @@ class Testbed:
             return []
         daemons = [Daemon(**d) for d in state["daemons"]]
         self._cancel_jobs(daemons)
+        for member in _members(self.layout, state):
+            self._cancel_jobs(daemons, member.name)
         stopped = self._stop_daemons(daemons, timeout_s)
         self._stop_node_processes(timeout_s)
         self.layout.state_json.unlink(missing_ok=True)
@@ -240,8 +293,12 @@ class Testbed:
             return {"state_dir": str(self.layout.root), "up": False, "daemons": {}, "nodes": {}}
         daemons = {d["name"]: {"pid": d["pid"], "alive": Daemon(**d).process() is not None} for d in state["daemons"]}
         nodes: dict[str, str] = {}
+        members = _members(self.layout, state)
+        member_nodes: dict[str, dict[str, str]] = {m.name: {} for m in members}
         if all(d["alive"] for d in daemons.values()):
             nodes = fetch_sinfo_states(self.client(retries=0))
+            for m in members:
+                member_nodes[m.name] = fetch_sinfo_states(self.member_client(m.name, retries=0))
         return {
             "state_dir": str(self.layout.root),
             "up": all(d["alive"] for d in daemons.values()),
@@ -254,6 +311,10 @@ class Testbed:
             "ports": state["ports"],
             "daemons": daemons,
             "nodes": nodes,
+            "clusters": [
+                {**listed, "nodes": nodes if listed["name"] == CLUSTER_NAME else member_nodes[listed["name"]]}
+                for listed in self.clusters()
+            ],
         }
 
     # ---- start-up ------------------------------------------------------------
@@ -269,14 +330,24 @@ class Testbed:
             directory.mkdir(parents=True, exist_ok=True)
         lay.root.chmod(0o755)
         lay.munge_dir.chmod(0o711)
-        numbers = free_ports(3 + len(nodes))
-        ports = Ports(slurmctld=numbers[0], slurmdbd=numbers[1], mariadb=numbers[2], slurmd=tuple(numbers[3:]))
+        further = [list(fat_tree(leaves, MEMBER_NODE_PREFIX).nodes) for _ in member_names(settings.clusters)]
+        numbers = free_ports(3 + len(nodes) + sum(1 + len(n) for n in further))
+        ports = Ports(
+            slurmctld=numbers[0], slurmdbd=numbers[1], mariadb=numbers[2], slurmd=tuple(numbers[3:][: len(nodes)])
+        )
         lay.slurm_conf.write_text(conf.slurm_conf(lay, ports, nodes, socket.gethostname(), CLUSTER_NAME, settings))
+        members = []
+        taken = 3 + len(nodes)
+        for name, member_nodes in zip(member_names(settings.clusters), further, strict=True):
+            own = numbers[taken : taken + 1 + len(member_nodes)]
+            taken += len(own)
+            member_ports = replace(ports, slurmctld=own[0], slurmd=tuple(own[1:]))
+            members.append(self._write_member(name, member_nodes, member_ports, leaves, settings))
         lay.slurmdbd_conf.write_text(conf.slurmdbd_conf(lay, ports))
         lay.slurmdbd_conf.chmod(0o600)
         lay.cgroup_conf.write_text(conf.cgroup_conf())
         lay.topology_conf.write_text(treeconf.render(fabric, header="Written by air-hpc testbed up."))
-        lay.hosts.write_text(conf.hosts_file(nodes, socket.gethostname()))
+        lay.hosts.write_text(conf.hosts_file([*nodes, *(n for m in members for n in m.nodes)], socket.gethostname()))
         state: dict[str, Any] = {
             "leaves": list(leaves),
             "settings": asdict(settings),
@@ -285,10 +356,11 @@ class Testbed:
             "slurm_prefix": str(build.prefix) if build else None,
             "slurm_version": str(build.version if build else daemon_version(_system_daemon("slurmctld"))),
             "daemons": [],
+            "members": [m.to_json() for m in members],
         }
         deadline = time.monotonic() + timeout_s
         try:
-            for name in _start_order(nodes):
+            for name in _start_order(nodes, members):
                 self._launch(state, name, ports, deadline)
             self._wait_nodes(state, deadline, in_service=False)
             if settings.tenants:
@@ -300,11 +372,38 @@ class Testbed:
             self.layout.state_json.unlink(missing_ok=True)
             raise
 
+    def _write_member(
+        self, name: str, nodes: list[str], ports: Ports, leaves: tuple[int, ...], settings: Settings
+    ) -> Member:
+        """A further cluster's slurm.conf, cgroup.conf and topology.conf under ``ROOT/NAME/etc``."""
+        lay = self.layout.member(name)
+        for directory in (lay.etc, lay.run, lay.log, lay.spool, lay.ctld_state):
+            directory.mkdir(parents=True, exist_ok=True)
+        lay.root.chmod(0o755)
+        lay.slurm_conf.write_text(conf.slurm_conf(lay, ports, nodes, socket.gethostname(), name, settings))
+        lay.cgroup_conf.write_text(conf.cgroup_conf())
+        fabric = fat_tree(leaves, MEMBER_NODE_PREFIX)
+        lay.topology_conf.write_text(treeconf.render(fabric, header=f"Written by air-hpc testbed up (cluster {name})."))
+        return Member(name, tuple(nodes), ports, lay)
+
     def _launch(self, state: dict[str, Any], name: str, ports: Ports, deadline: float) -> None:
         """Start one daemon of the testbed on its port and wait until it listens (slurmd: registers later)."""
         lay = self.layout
         build = _build_of(state)
         daemon = build.daemon if build else str
+        if "/" in name:  # a further cluster's: CLUSTER/slurmctld, CLUSTER/slurmd-NODE
+            cluster, _, what = name.partition("/")
+            member = next(m for m in _members(lay, state) if m.name == cluster)
+            if what == "slurmctld":
+                argv = [daemon("slurmctld"), "-D", "-i", "-f", str(member.layout.slurm_conf)]
+                self._start_daemon(state, name, argv, log_name=f"{cluster}-slurmctld")
+                _wait_port(member.ports.slurmctld, deadline, name, member.layout.log / "slurmctld.log")
+            else:
+                node = what.removeprefix("slurmd-")
+                (member.layout.spool / node).mkdir(exist_ok=True)
+                argv = self._slurmd_argv(node, daemon("slurmd"), member.layout.slurm_conf)
+                self._start_daemon(state, name, argv, log_name=f"{cluster}-{what}")
+            return
         if name == "munged":
             self._start_munge(state)
         elif name == "mariadbd":
@@ -335,7 +434,7 @@ class Testbed:
         deadline = time.monotonic() + timeout_s
         if "munged" in down:
             self.layout.munge_socket.unlink(missing_ok=True)  # the dead munged's socket would read as up
-        for name in [n for n in _start_order(state["nodes"]) if n in down]:
+        for name in [n for n in _start_order(state["nodes"], _members(self.layout, state)) if n in down]:
             self._launch(state, name, ports, deadline)
         self._wait_nodes(state, deadline, in_service=True)
         return self.status()
@@ -361,7 +460,7 @@ class Testbed:
                 "run `air-hpc testbed down` first"
             )
 
-    def _slurmd_argv(self, name: str, slurmd: str) -> list[str]:
+    def _slurmd_argv(self, name: str, slurmd: str, slurm_conf: Path | None = None) -> list[str]:
         lay = self.layout
         return [
             "unshare",
@@ -379,7 +478,7 @@ class Testbed:
             "-N",
             name,
             "-f",
-            str(lay.slurm_conf),
+            str(slurm_conf or lay.slurm_conf),
         ]
 
     # ---- node faults ---------------------------------------------------------------
@@ -491,10 +590,15 @@ class Testbed:
         _wait_port(ports.mariadb, deadline, "mariadbd", lay.log / "mariadbd.log")
 
     def _start_daemon(
-        self, state: dict[str, Any], name: str, argv: list[str], env: dict[str, str] | None = None
+        self,
+        state: dict[str, Any],
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        log_name: str | None = None,
     ) -> None:
         """Start ``name`` and record it in the state file, in place of its earlier (dead) record."""
-        log_path = self.layout.log / f"{name}.out"
+        log_path = self.layout.log / f"{log_name or name}.out"
         with log_path.open("ab") as out:
             proc = subprocess.Popen(
                 argv,
@@ -505,7 +609,7 @@ class Testbed:
                 env={**os.environ, **(env or {})},
             )
         daemon = Daemon(name=name, pid=proc.pid, create_time=psutil.Process(proc.pid).create_time())
-        order = _start_order(state["nodes"])
+        order = _start_order(state["nodes"], _members(self.layout, state))
         others = [d for d in state["daemons"] if d["name"] != name]
         state["daemons"] = sorted([*others, asdict(daemon)], key=lambda d: order.index(d["name"]))
         self._write_state(state)
@@ -522,9 +626,12 @@ class Testbed:
                 raise TestbedError(f"{', '.join(dead)} exited during start-up; see {self.layout.log}/{dead[0]}.out")
             try:
                 states = fetch_sinfo_states(client)
+                for member in _members(self.layout, state):  # node names differ between the clusters
+                    states.update(fetch_sinfo_states(self.member_client(member.name, retries=0, timeout_s=5)))
             except SlurmError:
                 states = {}
-            if states and all(states.get(n, "").rstrip("~#") in wanted for n in state["nodes"]):
+            every = [*state["nodes"], *(n for m in _members(self.layout, state) for n in m.nodes)]
+            if states and all(states.get(n, "").rstrip("~#") in wanted for n in every):
                 return
             time.sleep(0.5)
         raise TestbedError(
@@ -534,12 +641,15 @@ class Testbed:
 
     # ---- helpers ---------------------------------------------------------------
 
-    def _cancel_jobs(self, daemons: list[Daemon]) -> None:
-        ctld = next((d for d in daemons if d.name == "slurmctld"), None)
+    def _cancel_jobs(self, daemons: list[Daemon], cluster: str | None = None) -> None:
+        ctld = next((d for d in daemons if d.name == (f"{cluster}/slurmctld" if cluster else "slurmctld")), None)
         if ctld is None or ctld.process() is None:
             return
+        client = (
+            self.member_client(cluster, retries=0, timeout_s=10) if cluster else self.client(retries=0, timeout_s=10)
+        )
         try:
-            self.client(retries=0, timeout_s=10).run(["scancel", "--full", "--user", "root"], check=False)
+            client.run(["scancel", "--full", "--user", "root"], check=False)
         except SlurmError as exc:
             log.warning("could not cancel jobs before stopping: %s", exc)
 
@@ -561,9 +671,13 @@ class Testbed:
         tmp.replace(self.layout.state_json)
 
 
-def _start_order(nodes: Sequence[str]) -> list[str]:
-    """The daemons in the order they start (each needs the ones before it); ``down`` stops them in reverse."""
-    return ["munged", "mariadbd", "slurmdbd", "slurmctld", *(f"slurmd-{n}" for n in nodes)]
+def _start_order(nodes: Sequence[str], members: Sequence[Member] = ()) -> list[str]:
+    """The daemons in the order they start (each needs the ones before it); ``down`` stops them in reverse.
+
+    A further cluster's controller and nodes come last, as ``CLUSTER/slurmctld`` and ``CLUSTER/slurmd-NODE``.
+    """
+    further = [f"{m.name}/{d}" for m in members for d in ("slurmctld", *(f"slurmd-{n}" for n in m.nodes))]
+    return ["munged", "mariadbd", "slurmdbd", "slurmctld", *(f"slurmd-{n}" for n in nodes), *further]
 
 
 def namespace_members(key: Callable[[int], object], wanted: object) -> list[psutil.Process]:

@@ -37,6 +37,9 @@ class Settings:
     tenants: bool = False
     """``testbed.tenants``: accounts, users, QOS tiers, node quotas and fair-share in slurmdbd, enforced
     (:mod:`air_hpc.testbed.tenants`)."""
+    clusters: int = 1
+    """``testbed.clusters``: Slurm clusters (1 or 2), each its own slurmctld and slurmds, all registered in the
+    one slurmdbd (Slurm's multi-cluster operation: ``-M NAME`` reaches any of them)."""
     preempt_by: Literal["partition", "qos"] = "partition"
     """``testbed.preempt_by``: what lets a job preempt another: its partition's PriorityTier (``urgent`` over
     ``batch``, ``preempt/partition_prio``) or its QOS (``high`` over ``scavenger``, ``preempt/qos``; needs tenants)."""
@@ -75,6 +78,12 @@ class Layout:
     """Every path the testbed writes, all under one state directory."""
 
     root: Path
+    shared: Path | None = None
+    """A further cluster's layout: the testbed's own root, whose munge (and slurmdbd) it shares."""
+
+    def member(self, cluster: str) -> "Layout":
+        """Where a further cluster of this testbed keeps its own files (``up --clusters 2``): ``ROOT/CLUSTER``."""
+        return Layout(self.root / cluster, shared=self.root)
 
     @property
     def etc(self) -> Path:
@@ -94,7 +103,8 @@ class Layout:
 
     @property
     def hosts(self) -> Path:
-        return self.etc / "hosts"
+        """Every node of the testbed, its further clusters' too: one file, bound on /etc/hosts in every node."""
+        return (self.shared or self.root) / "etc" / "hosts"
 
     @property
     def cgroup_conf(self) -> Path:
@@ -118,7 +128,7 @@ class Layout:
 
     @property
     def munge_dir(self) -> Path:
-        return self.root / "munge"
+        return (self.shared or self.root) / "munge"
 
     @property
     def munge_socket(self) -> Path:
@@ -204,9 +214,15 @@ def render_slurm_conf(settings: Mapping[str, str], lines: Sequence[str], header:
     return "\n".join([f"# {header}", *(f"{key}={value}" for key, value in settings.items()), *lines]) + "\n"
 
 
+#: The first line of a further cluster's slurm.conf (``up --clusters 2``): not the testbed's own ``$SLURM_CONF``.
+MEMBER_CONF_HEADER = "Written by air-hpc testbed up for a further cluster of the testbed; loopback only."
+
+
 def slurm_conf(
     layout: Layout, ports: Ports, nodes: list[str], ctld_host: str, cluster: str, settings: Settings | None = None
 ) -> str:
+    """slurm.conf of the testbed's cluster; a further cluster's (``layout.shared`` set) differs only in its own
+    ports, nodes and files, and its accounting goes to the testbed's one slurmdbd (``ports.slurmdbd``)."""
     settings = settings or Settings()
     auth = f"socket={layout.munge_socket},cred_expire={CRED_EXPIRE_S}"
     values = {
@@ -260,7 +276,7 @@ def slurm_conf(
     lines.append(
         f"PartitionName={URGENT_PARTITION} Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF"
     )
-    return render_slurm_conf(values, lines, TESTBED_CONF_HEADER)
+    return render_slurm_conf(values, lines, MEMBER_CONF_HEADER if layout.shared else TESTBED_CONF_HEADER)
 
 
 def preemption(settings: Settings) -> dict[str, str]:

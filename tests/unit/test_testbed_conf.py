@@ -180,3 +180,27 @@ def test_a_state_dir_too_deep_for_slurmds_step_sockets_is_refused_with_the_room_
     fits = conf.Layout(Path("/" + "d" * (room - 1)))
     assert conf.step_socket_overflow(fits, ["n1", "n12"]) is None
     assert conf.step_socket_overflow(conf.Layout(Path("/" + "d" * room)), ["n1", "n12"]) is not None
+
+
+def test_a_further_cluster_has_its_own_controller_and_files_and_shares_munge_and_slurmdbd(tmp_path: Path) -> None:
+    """``up --clusters 2``: the second cluster's slurm.conf differs in name, ports, nodes and files only."""
+    lay = conf.Layout(tmp_path)
+    member = lay.member("airtbb")
+    assert member.root == tmp_path / "airtbb" and member.slurm_conf == tmp_path / "airtbb" / "etc" / "slurm.conf"
+    assert member.munge_socket == lay.munge_socket and member.hosts == lay.hosts
+    ports = conf.Ports(slurmctld=7001, slurmdbd=7002, mariadb=7003, slurmd=(7010, 7011))
+    text = conf.slurm_conf(member, ports, ["b1", "b2"], "host", "airtbb")
+    assert text.startswith(f"# {conf.MEMBER_CONF_HEADER}\n")
+    assert "ClusterName=airtbb\n" in text and "AccountingStoragePort=7002\n" in text
+    assert f"StateSaveLocation={member.ctld_state}\n" in text and f"socket={lay.munge_socket}," in text
+    assert "NodeName=b1 " in text and "NodeName=n1" not in text
+    member.etc.mkdir(parents=True)
+    member.slurm_conf.write_text(text)
+    assert conf.testbed_of(member.slurm_conf) is None  # its $SLURM_CONF is not the testbed's own
+
+
+def test_more_clusters_than_two_or_beside_tenants_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(TestbedError, match="1 or 2 clusters"):
+        Testbed(tmp_path).up((2,), settings=conf.Settings(clusters=3))
+    with pytest.raises(TestbedError, match="tenants are set up on one cluster"):
+        Testbed(tmp_path).up((2,), settings=conf.Settings(clusters=2, tenants=True))
