@@ -278,8 +278,12 @@ def _measure(topo: Path, nodelist: str, count: int) -> Quality | None:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[-1] if text else type(exc).__name__
+    """Slurm's own words for why a cluster did not answer, on one line, without our command line
+    (``sbatch --clusters=b ... failed (exit 1): sbatch: error: 'b' can't be reached now, ...``)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    last = lines[-1] if lines else type(exc).__name__
+    words = last.rpartition("error: ")[2] or last
+    return " ".join(words.split())
 
 
 def route(

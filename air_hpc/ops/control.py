@@ -17,13 +17,14 @@ from air_hpc.health.badnodes import read_bad_nodes
 from air_hpc.observe.live import LiveView, change_key, last_event, live_panel, plain_line
 from air_hpc.observe.progress import RunProgress, run_progress
 from air_hpc.observe.records import RunRecords, last_crash, load_records, stop_reason
+from air_hpc.ops.clusters import run_client
 from air_hpc.ops.states import trained_every_step
 from air_hpc.ops.waiting import poll_until
 from air_hpc.ownership.attempts import reconcile
 from air_hpc.ownership.local_job import CANCEL_GRACE_S, cancel_local, local_job_status
 from air_hpc.ownership.owner import read_owner
 from air_hpc.records.rundir import RunDir
-from air_hpc.records.submissions import SubmissionRecord, latest_submission, record_cancel, submissions
+from air_hpc.records.submissions import SubmissionRecord, latest_submission, record_cancel
 from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.jobs import JobState, JobStatus, merge_status
 from air_hpc.slurm.reasons import with_reason
@@ -69,26 +70,6 @@ class RunStatus:
             "last_crash": self.last_crash,
             "queued_links": list(self.queued_links),
         }
-
-
-def run_client(run_dir: RunDir, client: SlurmClient) -> SlurmClient:
-    """The client aimed at the cluster holding the run's current job (the one its latest submission records).
-
-    A job submitted with ``--clusters`` is followed on the cluster it went to: with ``-M NAME``, and with that
-    cluster's own slurm.conf where the run's cluster profile names one. Without a recorded cluster: ``client``.
-    """
-    records = submissions(run_dir)
-    cluster = records[-1].cluster if records else None
-    if cluster is None or cluster == client.cluster_name:
-        return client
-    conf = None
-    if run_dir.job_json.is_file():
-        try:
-            listed = run_dir.read_job().cluster.clusters
-        except UserError:
-            listed = ()
-        conf = next((c.slurm_conf for c in listed if c.name == cluster), None)
-    return client.on_cluster(cluster, conf)
 
 
 def find_job(job_id: str, client: SlurmClient) -> tuple[JobStatus | None, str | None]:

@@ -19,6 +19,7 @@ from air_hpc.errors import AirHpcError, SlurmError
 from air_hpc.observe.prometheus import RunMetrics, run_metrics
 from air_hpc.observe.records import RunRecords, load_records
 from air_hpc.observe.summary import blank_summary
+from air_hpc.ops.clusters import run_client
 from air_hpc.ops.runs import find_runs
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import SubmissionRecord, submissions
@@ -69,6 +70,24 @@ def _ask_slurm(job_ids: list[str], client: SlurmClient) -> tuple[list[JobRecord]
         return queued, [], True
 
 
+Answer = tuple[list[JobRecord], list[JobRecord], bool]
+
+
+def _ask_each_cluster(
+    runs: list[tuple[RunDir, RunRecords]], latest: list[SubmissionRecord | None], client: SlurmClient
+) -> dict[str | None, Answer]:
+    """:func:`_ask_slurm` once per cluster holding some of the jobs (``submit --clusters``; None: the default one)."""
+    by_cluster: dict[str | None, list[tuple[RunDir, SubmissionRecord]]] = {}
+    for (run_dir, _), submission in zip(runs, latest, strict=True):
+        if submission is not None and submission.executor != "local":
+            by_cluster.setdefault(submission.cluster, []).append((run_dir, submission))
+    answers: dict[str | None, Answer] = {}
+    for cluster, jobs in by_cluster.items():
+        asker = client if cluster is None else run_client(jobs[0][0], client, jobs[0][1])
+        answers[cluster] = _ask_slurm([s.job_id for _, s in jobs], asker)
+    return answers
+
+
 def run_jobs(runs: list[tuple[RunDir, RunRecords]], client: SlurmClient) -> list[RunJob]:
     """The latest job of each run and its state, in the order given.
 
@@ -76,9 +95,7 @@ def run_jobs(runs: list[tuple[RunDir, RunRecords]], client: SlurmClient) -> list
     COMPLETED when its run's records show every step trained, else UNKNOWN.
     """
     latest: list[SubmissionRecord | None] = [next(reversed(submissions(run_dir)), None) for run_dir, _ in runs]
-    queued, accounted, reachable = _ask_slurm(
-        [s.job_id for s in latest if s is not None and s.executor != "local"], client
-    )
+    answers = _ask_each_cluster(runs, latest, client)
     found = []
     for (_, records), submission in zip(runs, latest, strict=True):
         if submission is None:
@@ -88,6 +105,7 @@ def run_jobs(runs: list[tuple[RunDir, RunRecords]], client: SlurmClient) -> list
         if submission.executor == "local":
             found.append(RunJob(submission, _local_state(submission, records), recorded_restarts))
             continue
+        queued, accounted, reachable = answers[submission.cluster]
         status = merge_status(submission.job_id, queued, accounted) if reachable else None
         state = status.state if status else JobState.COMPLETED if trained_every_step(records) else JobState.UNKNOWN
         restarts = max(status.restarts if status else 0, recorded_restarts)

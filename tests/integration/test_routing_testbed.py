@@ -16,7 +16,7 @@ from air_hpc.records.events import EventKind, read_events
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import latest_submission
 from air_hpc.testbed import Testbed
-from air_hpc.testbed.cluster import CLUSTER_NAME
+from air_hpc.testbed.cluster import CLUSTER_NAME, Daemon
 from air_hpc.testbed.conf import Settings
 from air_hpc.train import data
 from tests.integration.matrix import matrix_build
@@ -116,3 +116,33 @@ def test_with_one_cluster_full_the_job_goes_to_the_other_and_is_followed_there(
     wait_for(f"job {job_id} cancelled on {OTHER}", gone, 30, 0.5)
     assert str(bed.client.job_status(filler).state) == "RUNNING"
     bed.client.scancel(filler)
+
+
+def test_a_cluster_that_does_not_answer_is_skipped_with_one_line_and_none_answering_is_exit_2(
+    bed: SimpleNamespace, tmp_path: Path
+) -> None:
+    """airtbb's slurmctld stopped (slurmdbd then says it cannot be reached): routed to airtb with one warning line;
+    asked alone, exit 2 and nothing submitted. Dry runs: the decision is all this needs."""
+    corpus = data.prepare([REPO / "README.md"], tmp_path / "corpus.h5", data.ByteTokenizer()).path
+    sets = profile(bed, tmp_path, corpus)
+    state = json.loads(bed.testbed.layout.state_json.read_text())
+    (ctld,) = [Daemon(**d) for d in state["daemons"] if d["name"] == f"{OTHER}/slurmctld"]
+    proc = ctld.process()
+    assert proc is not None
+    proc.terminate()
+    proc.wait(30)
+    try:
+        both = cli(bed, "submit", "gpt-tiny-testbed", "--dry-run", "--clusters", f"{CLUSTER_NAME},{OTHER}", *sets)
+        assert both.returncode == 0, both.stderr
+        warnings = [line for line in both.stderr.splitlines() if line.startswith("warning:")]
+        assert len(warnings) == 1 and warnings[0].startswith(f"warning: cluster {OTHER} skipped: "), both.stderr
+        assert f"route: {CLUSTER_NAME}: starts soonest" in both.stderr
+        alone = cli(bed, "submit", "gpt-tiny-testbed", "--clusters", OTHER, *sets)
+        assert alone.returncode == 2
+        errors = [line for line in alone.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and errors[0].startswith("error: --clusters: no cluster answered ("), alone.stderr
+        assert errors[0].endswith("; nothing submitted") and not (tmp_path / "runs" / "routed").exists()
+    finally:
+        bed.testbed.up(
+            (2,), settings=Settings(clusters=2), slurm_prefix=bed.testbed.build.prefix if bed.testbed.build else None
+        )

@@ -12,7 +12,10 @@ from air_hpc.config.models import JobConfig, SlurmClusterConfig
 from air_hpc.errors import ConfigError, RouteError
 from air_hpc.exitcodes import ExitCode
 from air_hpc.launch.route import ClusterAnswer, Quality, decide, members, planned_start, quality, route
-from air_hpc.ops.control import cancel_run, find_job, run_client, run_status
+from air_hpc.observe.records import load_records
+from air_hpc.ops.clusters import run_client
+from air_hpc.ops.control import cancel_run, find_job, run_status
+from air_hpc.ops.states import run_jobs
 from air_hpc.records.events import EventKind, read_events
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import latest_submission
@@ -209,6 +212,11 @@ def test_submit_records_the_route_event_and_the_cluster_and_status_cancel_follow
     status = run_status(run, fake)
     assert status.job.state is JobState.RUNNING and status.to_json()["cluster"] == "b"
     assert find_job(job_id, fake)[1] == "b"
+    (listed,) = run_jobs([(run, load_records(run))], fake)  # runs and metrics: one squeue per cluster
+    assert listed.state is JobState.RUNNING and next(c for c in b.calls if c[0] == "squeue")[:2] == [
+        "squeue",
+        "--clusters=b",
+    ]
     outcome = cancel_run(run, fake)
     assert outcome.cancelled and "on cluster b" in outcome.message()
     assert ["scancel", "--clusters=b", job_id] in b.calls and b.jobs[job_id].state is JobState.CANCELLED
