@@ -181,6 +181,11 @@ def _route(
 
     if executor != "slurm":
         raise ConfigError(f"--clusters: only --executor slurm routes a job across clusters (not {executor})")
+    if depends is not None and "after" in depends:
+        raise ConfigError(
+            "--clusters with --after: a Slurm dependency holds within one cluster only; submit to the cluster of the "
+            "job it waits for (--clusters NAME) or drop --after"
+        )
     decision, member = route(
         job,
         clusters.split(","),

@@ -252,6 +252,26 @@ def test_clusters_need_our_own_sbatch_executor(tmp_path: Path, small_corpus: Pat
         )
 
 
+def test_clusters_refuse_a_dependency_on_a_job_of_one_cluster(tmp_path: Path, small_corpus: Path) -> None:
+    job, fake = two_clusters(tmp_path, small_corpus)
+    earlier = fake.sbatch_wrap("true")
+    with pytest.raises(ConfigError, match="a Slurm dependency holds within one cluster only") as info:
+        cli.main(
+            args=[
+                "submit",
+                str(TESTBED_JOB),
+                "--clusters",
+                "a,b",
+                "--after",
+                earlier,
+                *sets(job, tmp_path, small_corpus),
+            ],
+            standalone_mode=False,
+            obj={"slurm_client": fake},
+        )
+    assert info.value.exit_code == 2 and not any("--test-only" in c for m in fake.members.values() for c in m.calls)
+
+
 def test_a_bare_job_id_is_found_on_whichever_cluster_holds_it(
     tmp_path: Path, small_corpus: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
