@@ -4,6 +4,7 @@ job to airtbb, says why in a ``route`` event, and ``status``, ``logs`` and ``can
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -41,6 +42,8 @@ def bed() -> Iterator[SimpleNamespace]:
         yield SimpleNamespace(testbed=testbed, env=testbed.env, client=testbed.client(), clusters=testbed.clusters())
     finally:
         testbed.down()
+        if not shared:  # a state dir of its own: leave nothing in /tmp
+            shutil.rmtree(state_dir, ignore_errors=True)
 
 
 def cli(bed: SimpleNamespace, *args: str) -> subprocess.CompletedProcess[str]:
