@@ -203,7 +203,7 @@ def test_block_topology_not_pinned_asks_only_for_segments(tmp_path: Path) -> Non
 
 
 def test_segment_larger_than_a_block_is_a_topology_error(tmp_path: Path) -> None:
-    with pytest.raises(TopologyError, match="--segment=8 is larger than the base block size 4"):
+    with pytest.raises(TopologyError, match=r"placement\.segment=8 is larger than the base block size 4; a Slurm"):
         plan(block_job(tmp_path, "resources.nodes=16", "placement.segment=8", "train.global_batch_size=32"), None)
 
 
