@@ -82,7 +82,7 @@ def find_job(job_id: str, client: SlurmClient) -> tuple[JobStatus | None, str | 
         elsewhere = [c for c in client.clusters_of_job(job_id) if c != client.cluster_name]
     except SlurmError:
         return None, None
-    for cluster in elsewhere:  # the default cluster's own name among them answers None again
+    for cluster in elsewhere:
         try:
             found = client.on_cluster(cluster).job_status(job_id)
         except SlurmError:

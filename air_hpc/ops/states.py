@@ -83,8 +83,7 @@ def _ask_each_cluster(
             by_cluster.setdefault(submission.cluster, []).append((run_dir, submission))
     answers: dict[str | None, Answer] = {}
     for cluster, jobs in by_cluster.items():
-        asker = client if cluster is None else run_client(jobs[0][0], client, jobs[0][1])
-        answers[cluster] = _ask_slurm([s.job_id for _, s in jobs], asker)
+        answers[cluster] = _ask_slurm([s.job_id for _, s in jobs], run_client(jobs[0][0], client, jobs[0][1]))
     return answers
 
 
