@@ -49,6 +49,7 @@ from air_hpc.slurm.jobs import (
     JobStatus,
     Preemption,
     TestOnlyResult,
+    accounting_ids,
     merge_status,
     parse_preemption,
     parse_sacct,
@@ -489,7 +490,7 @@ class SlurmClient:
         return parse_squeue(result.stdout)
 
     def sacct(self, job_ids: Sequence[str], *, retry: RetryPolicy = PATIENT) -> list[JobRecord]:
-        """Allocation records, one per run of each job (requeued runs included)."""
+        """Allocation records, one per run of each job (requeued runs included); an element's whole array too."""
         args = [
             "sacct",
             "--noheader",
@@ -497,7 +498,7 @@ class SlurmClient:
             "--allocations",
             "--duplicates",
             f"--format={','.join(SACCT_FIELDS)}",
-            f"--jobs={','.join(job_ids)}",
+            f"--jobs={','.join(accounting_ids(job_ids))}",
         ]
         return parse_sacct(self.run(args, retry=retry).stdout)
 

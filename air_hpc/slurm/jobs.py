@@ -8,11 +8,11 @@ may contain the separator, so it takes whatever is left of the line.
 
 import datetime
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from air_hpc.digits import ascii_int
+from air_hpc.digits import DIGITS, ascii_int
 from air_hpc.errors import SlurmError
 from air_hpc.slurm.reasons import plain_reason
 from air_hpc.slurm.version import SlurmVersion
@@ -326,6 +326,40 @@ def parse_test_only(text: str) -> TestOnlyResult:
     return TestOnlyResult(match["start"], match["nodes"], match["part"] or "")
 
 
+#: an array element's id, ``ARRAY_INDEX``
+_ELEMENT = re.compile(rf"({DIGITS})_({DIGITS})")
+#: accounting's one record of an array's elements that never started: ``ARRAY_[1-2,5%2]`` (``%``: the throttle)
+_UNSTARTED = re.compile(rf"({DIGITS})_\[([0-9,-]+)(?:%{DIGITS})?\]")
+
+
+def accounting_ids(job_ids: Sequence[str]) -> list[str]:
+    """The ids to ask sacct about ``job_ids``: an element also by its array.
+
+    slurmdbd keeps the elements that never started (pending when the array was cancelled) in one
+    ``ARRAY_[spec]`` record, which ``sacct --jobs=ARRAY_INDEX`` does not return (seen on 22.05).
+    """
+    ids = list(job_ids)
+    for job_id in job_ids:
+        element = _ELEMENT.fullmatch(job_id)
+        if element and element.group(1) not in ids:
+            ids.append(element.group(1))
+    return ids
+
+
+def holds_element(record_id: str, job_id: str) -> bool:
+    """Whether accounting's record ``record_id`` (``5001_[1-2%1]``) stands for element ``job_id`` (``5001_2``)."""
+    element, unstarted = _ELEMENT.fullmatch(job_id), _UNSTARTED.fullmatch(record_id)
+    if not element or not unstarted or element.group(1) != unstarted.group(1):
+        return False
+    index = int(element.group(2))
+    for part in unstarted.group(2).split(","):
+        first, _, last = part.partition("-")
+        low, high = ascii_int(first), ascii_int(last or first)
+        if low is not None and high is not None and low <= index <= high:
+            return True
+    return False
+
+
 def merge_status(
     job_id: str,
     queued: list[JobRecord],
@@ -337,7 +371,7 @@ def merge_status(
     ``restarts``: the controller's restart count when known; otherwise the
     number of earlier (requeued) accounting records of the same job.
     """
-    mine = [r for r in accounted if r.job_id == job_id]
+    mine = [r for r in accounted if r.job_id == job_id] or [r for r in accounted if holds_element(r.job_id, job_id)]
     if restarts is None:
         restarts = max(len(mine) - 1, 0)
     live = [r for r in queued if r.job_id == job_id]

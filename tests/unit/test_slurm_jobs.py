@@ -6,6 +6,8 @@ from air_hpc.errors import SlurmError
 from air_hpc.slurm.jobs import (
     JobRecord,
     JobState,
+    accounting_ids,
+    holds_element,
     merge_status,
     parse_exit_code,
     parse_sacct,
@@ -153,3 +155,40 @@ def test_merge_prefers_controller_and_counts_requeues_from_accounting() -> None:
     done = merge_status("3", [], parse_sacct(SACCT_REQUEUED))
     assert done is not None and done.source == "sacct" and done.state is JobState.COMPLETED and done.restarts == 1
     assert merge_status("9", [], []) is None
+
+
+# `sacct --jobs=5001_2,5001` after `scancel 5001` of `--array=0-2%1` while element 0 ran: elements 1 and 2
+# never started and have no record of their own (`--jobs=5001_2` alone prints nothing).
+SACCT_ARRAY_CANCELLED = (
+    "5001_0|CANCELLED by 0|0:0|1|n1|00:00:04|365-00:00:00|wrap\n"
+    "5001_[1-2%1]|CANCELLED by 0|0:0|1|None assigned|00:00:00|UNLIMITED|wrap\n"
+)
+
+
+def test_an_array_element_that_never_started_takes_its_arrays_record() -> None:
+    accounted = parse_sacct(SACCT_ARRAY_CANCELLED)
+    for element, nodelist in (("5001_0", "n1"), ("5001_1", ""), ("5001_2", "")):
+        status = merge_status(element, [], accounted)
+        assert status is not None and status.state is JobState.CANCELLED and status.nodelist == nodelist
+    assert merge_status("5001_3", [], accounted) is None
+    assert merge_status("5002_1", [], accounted) is None
+    assert merge_status("5001", [], accounted) is None
+
+
+@pytest.mark.parametrize(
+    ("record", "element", "held"),
+    [
+        ("7_[1-2%1]", "7_2", True),
+        ("7_[1,4-6]", "7_5", True),
+        ("7_[1,4-6]", "7_3", False),
+        ("7_[1-2]", "77_1", False),
+        ("7_1", "7_1", False),
+        ("7_[]", "7_1", False),
+    ],
+)
+def test_holds_element(record: str, element: str, held: bool) -> None:
+    assert holds_element(record, element) is held
+
+
+def test_accounting_ids_ask_for_an_elements_array_once() -> None:
+    assert accounting_ids(["5", "9_1", "9_2", "10"]) == ["5", "9_1", "9_2", "10", "9"]
