@@ -120,7 +120,7 @@ def submit(
     _note_resume(job, fresh, as_json)
     decision = None
     if clusters is not None:
-        job, client, decision = _route(job, client, clusters, executor, python, dependency(waits, chain), as_json)
+        job, client, decision = _route(job, client, clusters, executor, python, waits, chain, as_json)
     if dry_run:
         _dry_run(job, client, executor, python, dependency(waits, chain), fresh, as_json)
         return
@@ -172,16 +172,18 @@ def _route(
     clusters: str,
     executor: str,
     python: str | None,
-    depends: str | None,
+    waits: str | None,
+    chain: int,
     as_json: bool,
 ) -> "tuple[JobConfig, SlurmClient, RouteDecision]":
     """``--clusters``: the job and client aimed at the cluster chosen (:mod:`air_hpc.launch.route`), and why."""
     from air_hpc.errors import ConfigError
+    from air_hpc.launch.chain import dependency
     from air_hpc.launch.route import client_for, for_cluster, planned_start, route
 
     if executor != "slurm":
         raise ConfigError(f"--clusters: only --executor slurm routes a job across clusters (not {executor})")
-    if depends is not None and "after" in depends:
+    if waits is not None:
         raise ConfigError(
             "--clusters with --after: a Slurm dependency holds within one cluster only; submit to the cluster of the "
             "job it waits for (--clusters NAME) or drop --after"
@@ -190,7 +192,7 @@ def _route(
         job,
         clusters.split(","),
         client,
-        planned_start(python, depends),
+        planned_start(python, dependency(None, chain)),
         lambda line: click.echo(f"warning: {line}", err=True),
     )
     if not as_json:

@@ -17,10 +17,10 @@ from air_hpc.health.badnodes import read_bad_nodes
 from air_hpc.observe.live import LiveView, change_key, last_event, live_panel, plain_line
 from air_hpc.observe.progress import RunProgress, run_progress
 from air_hpc.observe.records import RunRecords, last_crash, load_records, stop_reason
-from air_hpc.ops.clusters import run_client
 from air_hpc.ops.states import trained_every_step
 from air_hpc.ops.waiting import poll_until
 from air_hpc.ownership.attempts import reconcile
+from air_hpc.ownership.clusters import run_client
 from air_hpc.ownership.local_job import CANCEL_GRACE_S, cancel_local, local_job_status
 from air_hpc.ownership.owner import read_owner
 from air_hpc.records.rundir import RunDir

@@ -19,8 +19,8 @@ from air_hpc.errors import AirHpcError, SlurmError
 from air_hpc.observe.prometheus import RunMetrics, run_metrics
 from air_hpc.observe.records import RunRecords, load_records
 from air_hpc.observe.summary import blank_summary
-from air_hpc.ops.clusters import run_client
 from air_hpc.ops.runs import find_runs
+from air_hpc.ownership.clusters import run_client
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import SubmissionRecord, submissions
 from air_hpc.slurm.client import SlurmClient

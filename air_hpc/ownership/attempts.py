@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Mapping
 
 from air_hpc.errors import SlurmError, SlurmUnreachableError
+from air_hpc.ownership.clusters import cluster_client
 from air_hpc.ownership.owner import NotOwnerError, Owner, adopt, fence
 from air_hpc.records.rundir import RunDir
 from air_hpc.records.submissions import (
@@ -48,7 +49,7 @@ def settle(run_dir: RunDir, client: SlurmClient, now_s: float | None = None) -> 
     known = {record.job_id for record in submissions(run_dir)}
     user = getpass.getuser()
     for attempt in pending:
-        asker = client if attempt.cluster in (None, client.cluster_name) else client.on_cluster(str(attempt.cluster))
+        asker = cluster_client(run_dir, client, attempt.cluster)
         try:
             job_id = asker.find_submitted(attempt.token, user, attempt.time_s, run_dir.path, known)
         except SlurmUnreachableError as exc:

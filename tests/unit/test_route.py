@@ -13,12 +13,13 @@ from air_hpc.errors import ConfigError, RouteError
 from air_hpc.exitcodes import ExitCode
 from air_hpc.launch.route import ClusterAnswer, Quality, decide, members, planned_start, quality, route
 from air_hpc.observe.records import load_records
-from air_hpc.ops.clusters import run_client
 from air_hpc.ops.control import cancel_run, find_job, run_status
 from air_hpc.ops.states import run_jobs
+from air_hpc.ownership.attempts import settle
+from air_hpc.ownership.clusters import run_client
 from air_hpc.records.events import EventKind, read_events
 from air_hpc.records.rundir import RunDir
-from air_hpc.records.submissions import latest_submission
+from air_hpc.records.submissions import Attempt, latest_submission, record_attempt
 from air_hpc.slurm.client import SlurmClient, strip_cluster_banner, with_cluster
 from air_hpc.slurm.fake import FakeSlurm
 from air_hpc.slurm.jobs import JobState
@@ -282,3 +283,18 @@ def test_a_bare_job_id_is_found_on_whichever_cluster_holds_it(
     shown = json.loads(capsys.readouterr().out)
     assert shown["cluster"] == "b" and shown["job_id"] == job_id
     assert next(c for c in fake.calls if c[0] == "sacct" and "--clusters=all" in c)[:2] == ["sacct", "--clusters=all"]
+
+
+def test_a_lost_submit_is_looked_for_on_its_cluster_with_that_clusters_slurm_conf(
+    tmp_path: Path, small_corpus: Path
+) -> None:
+    job, fake = two_clusters(tmp_path, small_corpus)
+    conf_b = tmp_path / "b" / "slurm.conf"
+    clusters = [c.model_copy(update={"slurm_conf": conf_b if c.name == "b" else None}) for c in job.cluster.clusters]
+    job = job.model_copy(update={"cluster": job.cluster.model_copy(update={"clusters": tuple(clusters)})})
+    run = RunDir(job.run.dir)
+    run.path.mkdir(parents=True)
+    run.write_job(job)
+    record_attempt(run, Attempt("air-hpc-lost", job.run.name, "slurm", 1.0, "b"))
+    assert settle(run, fake) == []  # nothing queued under that token: recorded as not submitted
+    assert fake.members["b"].given_conf == conf_b and fake.members["b"].calls and not fake.calls
