@@ -25,7 +25,6 @@ takes the fewest blocks among those N+K nodes and the rest are spares.
 from collections.abc import Sequence, Set
 from dataclasses import dataclass
 
-from air_hpc.errors import TopologyError
 from air_hpc.slurm import hostlist
 from air_hpc.topology.block_select import BlockSelection, select_blocks
 from air_hpc.topology.blocks import BlockModel, violation
@@ -48,21 +47,11 @@ class SparedSelection:
         return hostlist.compress([*self.selection.nodes, *self.spares])
 
 
-def spare_segment(model: BlockModel, count: int, spares: int, segment: int | None) -> int | None:
-    """``--segment`` for ``count`` nodes plus ``spares``; raises :class:`TopologyError` where Slurm would refuse it."""
-    if segment is not None and segment < count + spares and (count % segment or spares % segment):
-        raise TopologyError(
-            f"--segment={segment} (each {segment}-node segment inside one base block) must divide the "
-            f"{spares} spare(s) as well as the {count} node(s); use a multiple of {segment}"
-        )
-    return model.check_segment(count + spares, segment)
-
-
 def select_with_spares(
     model: BlockModel, available: Set[str], count: int, spares: int, segment: int | None = None
 ) -> SparedSelection:
     """``count`` nodes for the ranks and ``spares`` beside them that Slurm accepts together (module doc)."""
-    seg = spare_segment(model, count, spares, segment)
+    seg = model.check_segment(count, segment, spares)
     job = select_blocks(model, available, count, segment)
     near = nearest_spares(model, job.nodes, available, spares, seg)
     if near is not None:

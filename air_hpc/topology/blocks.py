@@ -92,20 +92,31 @@ class BlockModel:
         level = next((k for k in self.levels if k >= raw), None)
         return JobShape(level=level, lower_level=lower, max_lower=-(-count // (self.base_size << lower)))
 
-    def check_segment(self, count: int, segment: int | None) -> int | None:
-        """The segment size Slurm will use (None when it splits nothing); raises if Slurm would refuse it."""
-        if segment is None or segment >= count:
+    def check_segment(self, count: int, segment: int | None, spares: int = 0, wide: bool = False) -> int | None:
+        """The segment size Slurm will use for ``count`` nodes and ``spares`` beside them (None when it splits
+        nothing); raises where Slurm would refuse it. The one place the segment rules live.
+
+        ``wide``: the release places segments wider than a base block (25.11 on). Spares come in
+        whole segments (Slurm sizes every segment alike, so a spare one stands in for a failed one).
+        """
+        total = count + spares
+        if segment is None or segment >= total:
             return None  # Slurm ignores a segment as large as the job
         where = self.topology.source or "block topology"
         if segment < 1:
             raise TopologyError(f"--segment must be >= 1, got {segment}")
-        if segment > self.base_size:
+        if segment > self.base_size and not wide:
             raise TopologyError(
                 f"{where}: --segment={segment} is larger than the base block size {self.base_size}; "
                 "Slurm refuses it (each segment must fit in one base block)"
             )
-        if count % segment:
-            raise TopologyError(f"--segment={segment} does not divide the job's {count} nodes; Slurm refuses it")
+        if spares and (count % segment or spares % segment):
+            raise TopologyError(
+                f"--segment={segment} (every segment, a spare one included, has the same size) must divide the "
+                f"{spares} spare(s) as well as the {count} node(s); use a multiple of {segment}"
+            )
+        if total % segment:
+            raise TopologyError(f"--segment={segment} does not divide the job's {total} nodes; Slurm refuses it")
         return segment
 
 

@@ -202,12 +202,10 @@ def _wide_segments(
             "cannot place it (each segment must fit in one base block; Slurm 25.11 and later accept wider ones)"
         )
     check_cluster_size(job, len(model.block_of), f"cluster.topology_file {source}")
-    for key, count in (("resources.nodes", res.nodes), ("resources.spare_nodes", res.spare_nodes)):
-        if count % segment:
-            raise TopologyError(
-                f"{key}: placement.segment={segment} does not divide its {count} node(s); Slurm refuses it "
-                "(every segment, a spare one included, has the same size)"
-            )
+    try:
+        model.check_segment(res.nodes, segment, res.spare_nodes, wide=True)
+    except TopologyError as exc:
+        raise TopologyError(f"placement.segment: {exc}") from None
     level = model.shape(segment).level
     span = f"one aggregate of {1 << level} blocks" if level is not None else "the whole block topology"
     return _slurm_places(_segment_for(segment, live.rules), live), (

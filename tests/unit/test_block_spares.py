@@ -30,7 +30,7 @@ from air_hpc.slurm.client import SlurmClient
 from air_hpc.slurm.fake import FakeSlurm
 from air_hpc.slurm.version import SlurmVersion
 from air_hpc.topology import treeconf
-from air_hpc.topology.block_spares import nearest_spares, select_with_spares, spare_segment
+from air_hpc.topology.block_spares import nearest_spares, select_with_spares
 from air_hpc.topology.blocks import BlockModel, aggregate_fabric, violation
 from air_hpc.topology.select import pick_spare
 
@@ -304,7 +304,7 @@ def spare_case(draw: st.DrawFn) -> tuple[BlockModel, set[str], int, int, int | N
 def valid_pairs(m: BlockModel, available: set[str], count: int, spares: int, segment: int | None):
     """Every (job, spares) split Slurm accepts whose job alone Slurm would accept too (what selection promises)."""
     try:
-        seg = spare_segment(m, count, spares, segment)
+        seg = m.check_segment(count, segment, spares)
     except TopologyError:
         return
     for union in itertools.combinations(sorted(available), count + spares):

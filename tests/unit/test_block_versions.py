@@ -79,8 +79,16 @@ def test_a_segment_wider_than_a_base_block_is_left_to_slurm_from_25_11(tmp_path:
             ["resources.spare_nodes=8"],
             "Slurm 25.05.8 cannot place it (each segment must fit in one base block; Slurm 25.11",
         ),
-        ("26.05.3", ["resources.nodes=12", "train.global_batch_size=12"], "does not divide its 12 node(s)"),
-        ("26.05.3", ["resources.spare_nodes=4"], "resources.spare_nodes: placement.segment=8 does not divide its 4"),
+        (
+            "26.05.3",
+            ["resources.nodes=12", "train.global_batch_size=12"],
+            "placement.segment: --segment=8 does not divide the job's 12 nodes",
+        ),
+        (
+            "26.05.3",
+            ["resources.spare_nodes=4"],
+            "placement.segment: --segment=8 (every segment, a spare one included, has the same size) must divide the 4",
+        ),
     ],
     ids=["25.05-refuses", "not-dividing", "spares-not-whole-segments"],
 )
