@@ -136,11 +136,18 @@ def test_sigterm_ends_a_campaign_through_its_clean_up(tmp_path: Path) -> None:
     """A job was left RUNNING when chaos was stopped: SIGTERM (a timeout, a scheduler) now cancels both copies."""
     fake = FakeSlurm(nodes={f"n{i}": "IDLE" for i in range(1, 5)})
     lines: list[str] = []
-    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+
+    def stop_once_both_are_submitted() -> None:  # not after a fixed delay: a loaded machine submits later
+        deadline = time.monotonic() + 120
+        while len(fake.jobs) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    stopper = threading.Thread(target=stop_once_both_are_submitted)
     with sigterm_interrupts(), pytest.raises(KeyboardInterrupt):
-        timer.start()
+        stopper.start()
         run_campaign(_campaign(tmp_path, ("preempt",), timeout_s=300), fake, say=lines.append)
-    timer.join()
+    stopper.join()
     assert signal.getsignal(signal.SIGTERM) is not None and len(fake.jobs) == 2
     assert all(job.state == JobState.CANCELLED for job in fake.jobs.values())
     assert lines[0].startswith("submitted job ") and lines[-1] == f"cancelled job(s) {', '.join(sorted(fake.jobs))}"

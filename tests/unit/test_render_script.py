@@ -129,12 +129,12 @@ def test_signal_is_forwarded_to_the_step_which_requeues(tmp_path: Path, stubs: P
         ["bash", str(script)], env=environ(tmp_path, stubs, None), stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a deadline, not a timing: generous on a loaded machine
         while not ready.exists():
             assert time.monotonic() < deadline, "the step never started"
             time.sleep(0.05)
         proc.send_signal(signal.SIGUSR2)
-        out, err = proc.communicate(timeout=10)
+        out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -161,12 +161,12 @@ def test_a_signal_before_the_ranks_are_armed_is_recorded_for_them_not_sent(tmp_p
         ["bash", str(script)], env=environ(tmp_path, stubs, None), stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a deadline, not a timing: generous on a loaded machine
         while not ready.exists():
             assert time.monotonic() < deadline, "the step never started"
             time.sleep(0.05)
         proc.send_signal(signal.SIGUSR2)
-        _, err = proc.communicate(timeout=10)
+        _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()

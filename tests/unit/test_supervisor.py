@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -271,14 +272,19 @@ def test_when_every_node_reported_its_tasks_the_probe_is_not_waited_for(tmp_path
     """A node whose stepd reported a task's end is alive: after srun's own teardown there is nothing to probe."""
     sup, run_dir, _ = supervised(tmp_path, small_corpus, "teardown", spares=0)
 
+    released, probed = threading.Event(), threading.Event()
+
     def slow_probe(hosts: Sequence[str]) -> tuple[str, ...]:
-        time.sleep(3)
+        released.wait(60)
+        probed.set()
         return ("n3",)
 
     sup.probe = slow_probe
-    started = time.monotonic()
-    assert sup.run() == 137
-    assert time.monotonic() - started < 2.5
+    try:
+        assert sup.run() == 137
+        assert not probed.is_set()  # run() ended without the probe's answer (waiting would take 60 s and fail)
+    finally:
+        released.set()
     assert [e["dead_nodes"] for e in read_events(run_dir.events) if e["kind"] == "step_ended"] == [[]]
 
 
