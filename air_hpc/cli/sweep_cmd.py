@@ -1,5 +1,6 @@
 """``air-hpc sweep``: many runs of one job file from one command, as one Slurm job array."""
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import click
@@ -7,8 +8,10 @@ import click
 from air_hpc.cli.options import echo_json, job_argument, json_option, set_option, slurm_client
 
 if TYPE_CHECKING:
-    from air_hpc.launch.sweep import SweepSubmission
+    from air_hpc.launch.route import RouteDecision
+    from air_hpc.launch.sweep import Element, SweepSubmission
     from air_hpc.ops.sweeps import ElementRow
+    from air_hpc.slurm.client import SlurmClient
 
 
 @click.command()
@@ -36,6 +39,12 @@ if TYPE_CHECKING:
 @click.option("--dry-run", is_flag=True, help="Check every element and list them; submit nothing.")
 @click.option("--wait", is_flag=True, help="Follow every element to its end; exit non-zero if one failed.")
 @click.option("--python", metavar="PATH", help="Python interpreter on the compute nodes.")
+@click.option(
+    "--clusters",
+    metavar="A,B",
+    help="Ask these Slurm clusters when and on which nodes the first element to submit would start, and submit "
+    "the whole array where it starts soonest at acceptable topology quality (as submit --clusters).",
+)
 @json_option
 def sweep(
     job_file: str,
@@ -50,6 +59,7 @@ def sweep(
     dry_run: bool,
     wait: bool,
     python: str | None,
+    clusters: str | None,
     as_json: bool,
 ) -> None:
     """Submit JOB_FILE once per setting of the swept keys, as ONE job array (``--array=0-M%K``).
@@ -72,6 +82,9 @@ def sweep(
         click.echo(f"dry run: sweep {name}, {len(todo)} of {len(elements)} elements; nothing submitted", err=True)
         return
     client = slurm_client()
+    decision = None
+    if clusters is not None:
+        elements, client, decision = _route(elements, client, clusters, executor, python, force, as_json)
     done = submit_sweep(
         name,
         elements,
@@ -80,10 +93,42 @@ def sweep(
         max_parallel=max_parallel,
         python=python,
         force=force,
+        route=decision,
     )
     _say_submitted(done, as_json and not wait)
     if wait:
         _wait(done, as_json)
+
+
+def _route(
+    elements: "list[Element]",
+    client: "SlurmClient",
+    clusters: str,
+    executor: str,
+    python: str | None,
+    force: bool,
+    as_json: bool,
+) -> "tuple[list[Element], SlurmClient, RouteDecision]":
+    """``--clusters``: one cluster for the whole array (its tasks share one request), chosen by asking each where
+    the first element still to run would start (:mod:`air_hpc.launch.route`); every element aimed at it."""
+    from air_hpc.errors import ConfigError
+    from air_hpc.launch.route import client_for, for_cluster, planned_start, route
+    from air_hpc.launch.sweep import pending_elements
+
+    if executor != "slurm":
+        raise ConfigError(f"--clusters: only --executor slurm routes a sweep across clusters (not {executor})")
+    todo, _ = pending_elements(elements, force)
+    decision, member = route(
+        (todo or elements)[0].job,
+        clusters.split(","),
+        client,
+        planned_start(python),
+        lambda line: click.echo(f"warning: {line}", err=True),
+    )
+    if not as_json:
+        click.echo(f"route: {decision.reason}", err=True)
+    routed = [dataclasses.replace(e, job=for_cluster(e.job, member)) for e in elements]
+    return routed, client_for(client, member), decision
 
 
 def _say_submitted(done: "SweepSubmission", as_json: bool) -> None:
@@ -96,6 +141,8 @@ def _say_submitted(done: "SweepSubmission", as_json: bool) -> None:
     what = f"array job {done.job_id}" if done.job_id else f"{len(done.submitted)} local job(s)"
     if not done.submitted:
         what = "nothing (every element is complete)"
+    if done.route is not None and done.job_id:
+        what += f" on cluster {done.route.cluster}"
     click.echo(f"sweep {record.name}: {len(done.submitted)} of {len(record.elements)} element(s) as {what}", err=True)
     for element in record.elements:
         click.echo(f"  {element.index}  {element.run_dir}  {element.describe()}", err=True)

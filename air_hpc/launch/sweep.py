@@ -25,6 +25,7 @@ from air_hpc.launch import submit as submitting
 from air_hpc.launch.executors import make_executor
 from air_hpc.launch.plan import Plan, expedite_allowed, plan, release
 from air_hpc.launch.resume import check_resume
+from air_hpc.launch.route import RouteDecision
 from air_hpc.ownership.attempts import recorded_jobs
 from air_hpc.ownership.owner import Owner, claim
 from air_hpc.records.rundir import RunDir
@@ -54,9 +55,19 @@ class SweepSubmission:
     job_id: str | None
     """The array job (slurm); None for the local executor."""
     notes: tuple[str, ...] = ()
+    route: RouteDecision | None = None
+    """The cluster ``sweep --clusters`` chose for the array (the client was aimed at it), and why."""
 
     def to_json(self) -> dict[str, object]:
-        return {**self.record.to_json(), "submitted": list(self.submitted), "job_id": self.job_id}
+        return {
+            **self.record.to_json(),
+            "submitted": list(self.submitted),
+            "job_id": self.job_id,
+            "cluster": None if self.route is None else self.route.cluster,
+            "route": None
+            if self.route is None
+            else {"reason": self.route.reason, "answers": [a.to_json() for a in self.route.answers]},
+        }
 
 
 def load_elements(job_file: str, overrides: Sequence[str], settings: Sequence[Settings]) -> tuple[str, list[Element]]:
@@ -186,7 +197,7 @@ def submit_array(
         job_id = client.sbatch(path, [f"--comment=air-hpc-{uuid.uuid4().hex}"])
         for (index, _), (run, take) in zip(plans, takes, strict=True):
             task = f"{job_id}_{index}"
-            record_submission(run, task, "slurm")
+            record_submission(run, task, "slurm", cluster=client.cluster_name)
             take(task, "slurm")
     log.info("submitted sweep %s as array job %s", name, job_id)
     return job_id, path
@@ -202,8 +213,12 @@ def submit_sweep(
     python: str | None = None,
     force: bool = False,
     extra: Sequence[Directive] = (),
+    route: RouteDecision | None = None,
 ) -> SweepSubmission:
-    """Check every element, then submit what is not complete: one array (slurm) or a local job each."""
+    """Check every element, then submit what is not complete: one array (slurm) or a local job each.
+
+    ``route``: the cluster ``sweep --clusters`` chose (``client`` is aimed at it), recorded as a ``route``
+    event in every element submitted."""
     if executor == "submitit":
         raise ConfigError("--executor submitit: a sweep runs as our own job array; use --executor slurm (or local)")
     for element in elements:
@@ -219,6 +234,9 @@ def submit_sweep(
     job_id = None
     if todo and executor == "slurm":
         job_id, _ = submit_array(name, todo, client, max_parallel=max_parallel, python=python, extra=extra)
+        if route is not None:
+            for element in todo:
+                submitting.record_route(RunDir.of(element.job), route, f"{job_id}_{element.index}")
     elif todo:
         for element in todo:
             submitting.submit(element.job, "local", client, python=python, force=force)
@@ -231,7 +249,7 @@ def submit_sweep(
         job_ids=(*previous, *([job_id] if job_id else [])),
     )
     write_sweep(record)
-    return SweepSubmission(record, tuple(e.index for e in todo), job_id, tuple(notes))
+    return SweepSubmission(record, tuple(e.index for e in todo), job_id, tuple(notes), route)
 
 
 def _recorded(run: RunDir, client: SlurmClient) -> Callable[[], list[Owner]]:

@@ -121,6 +121,43 @@ def test_with_one_cluster_full_the_job_goes_to_the_other_and_is_followed_there(
     bed.client.scancel(filler)
 
 
+def test_a_sweep_goes_to_the_other_cluster_as_one_array_and_is_followed_and_cancelled_there(
+    bed: SimpleNamespace, tmp_path: Path
+) -> None:
+    """Element 1 waits behind element 0 (each takes both nodes) and is cancelled before it starts: its state
+    comes from the array's accounting record on airtbb."""
+    corpus = data.prepare([REPO / "README.md"], tmp_path / "corpus.h5", data.ByteTokenizer()).path
+    sets = [*profile(bed, tmp_path, corpus), "--set", "run.name=swept"]
+    filler = bed.client.sbatch_wrap("sleep 600", ["--exclusive", "--nodes=2", "--time=10", "--job-name=filler"])
+    try:
+        wait_for("the filler to run", lambda: str(bed.client.job_status(filler).state) == "RUNNING", 30, 0.3)
+        done = cli(
+            bed, "sweep", "gpt-tiny-testbed", "--grid", "train.seed=1,2", "--clusters", f"{CLUSTER_NAME},{OTHER}", *sets
+        )
+        assert done.returncode == 0, done.stderr
+        array = done.stdout.strip()
+        assert f"route: {OTHER}: starts soonest" in done.stderr and f"on cluster {OTHER}" in done.stderr
+        runs = [RunDir(tmp_path / "runs" / f"swept-{i}") for i in (0, 1)]
+        assert [latest_submission(r).cluster for r in runs] == [OTHER, OTHER]
+
+        def first_runs() -> bool:
+            shown = json.loads(cli(bed, "status", str(runs[0].path), "--json").stdout or "{}")
+            return shown.get("state") == "RUNNING" and shown.get("cluster") == OTHER
+
+        wait_for(f"element 0 ({array}_0) to run on {OTHER}", first_runs, 60, 0.5)
+        cancelled = cli(bed, "cancel", str(tmp_path / "runs" / "swept.sweep"), "--json")
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert [e["cancelled"] for e in json.loads(cancelled.stdout)["elements"]] == [True, True]
+
+        def both_cancelled() -> bool:
+            states = [json.loads(cli(bed, "status", str(r.path), "--json").stdout or "{}").get("state") for r in runs]
+            return states == ["CANCELLED", "CANCELLED"]
+
+        wait_for(f"both elements cancelled on {OTHER}", both_cancelled, 60, 0.5)
+    finally:
+        bed.client.scancel(filler)
+
+
 def test_a_cluster_that_does_not_answer_is_skipped_with_one_line_and_none_answering_is_exit_2(
     bed: SimpleNamespace, tmp_path: Path
 ) -> None:

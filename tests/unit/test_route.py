@@ -298,3 +298,43 @@ def test_a_lost_submit_is_looked_for_on_its_cluster_with_that_clusters_slurm_con
     record_attempt(run, Attempt("air-hpc-lost", job.run.name, "slurm", 1.0, "b"))
     assert settle(run, fake) == []  # nothing queued under that token: recorded as not submitted
     assert fake.members["b"].given_conf == conf_b and fake.members["b"].calls and not fake.calls
+
+
+def test_a_sweep_goes_to_one_cluster_as_one_array_and_its_elements_are_followed_there(
+    tmp_path: Path, small_corpus: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job, fake = two_clusters(tmp_path, small_corpus, busy="a")
+    cli.main(
+        args=[
+            "sweep",
+            str(TESTBED_JOB),
+            "--grid",
+            "train.seed=1,2",
+            "--clusters",
+            "a,b",
+            *sets(job, tmp_path, small_corpus),
+        ],
+        standalone_mode=False,
+        obj={"slurm_client": fake},
+    )
+    out, err = capsys.readouterr()
+    b = fake.members["b"]
+    (array_submit,) = [c for c in b.calls if c[0] == "sbatch" and "--test-only" not in c]
+    assert array_submit[:3] == ["sbatch", "--clusters=b", "--parsable"]
+    assert not fake.members["a"].jobs and not fake.jobs and "route: b: starts soonest" in err and "on cluster b" in err
+    array = out.strip()
+    for index in (0, 1):
+        run = RunDir(job.run.root / f"{job.run.name}-{index}")
+        assert latest_submission(run).cluster == "b" and latest_submission(run).job_id == f"{array}_{index}"
+        (event,) = [e for e in read_events(run.events) if e["kind"] == EventKind.ROUTE]
+        assert event["cluster"] == "b" and event["job_id"] == f"{array}_{index}"
+        assert run_client(run, fake) is b
+        assert run.read_job().cluster.topology_file == job.cluster.clusters[1].topology_file
+
+
+def test_a_local_sweep_cannot_be_routed(tmp_path: Path, small_corpus: Path) -> None:
+    job, fake = two_clusters(tmp_path, small_corpus)
+    args = ["sweep", str(TESTBED_JOB), "--grid", "train.seed=1,2", "--clusters", "a,b", "--executor", "local"]
+    with pytest.raises(ConfigError, match="only --executor slurm routes a sweep") as info:
+        cli.main(args=[*args, *sets(job, tmp_path, small_corpus)], standalone_mode=False, obj={"slurm_client": fake})
+    assert info.value.exit_code == ExitCode.USAGE and not fake.calls
