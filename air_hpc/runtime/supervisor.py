@@ -8,7 +8,9 @@ node goes on the run's bad-node list, the nearest spare in the topology takes
 its ranks, and the step starts again inside the same job; the ranks resume
 from the latest verified checkpoint as on any start. When no spare is left the
 supervisor hands a requeue-worthy exit code back to the batch script, which
-requeues excluding the bad nodes (the existing path).
+requeues excluding the bad nodes (the existing path); with in-memory snapshots
+(``checkpoint.memory_interval_steps``) a crashed rank on a live node restarts the
+step on the same nodes instead, since a requeue would end the snapshot holders.
 
 Without spares only a dead node is blamed: ``srun`` would wait for slurmctld
 to time the node out (SlurmdTimeout), and Slurm would then requeue the job
@@ -280,7 +282,8 @@ class Supervisor:
         self._retired: list[subprocess.Popen[str]] = []
         self._next: tuple[int, tuple[str, ...], bool] = (1, (), False)
         """The attempt a standby would serve, the nodes it would start on (the step's and the spares), and
-        whether a spare is left (without one, a failure requeues and no standby is wanted)."""
+        whether a restart is left: a spare, or an in-place restart from the snapshots (without either, a failure
+        requeues and no standby is wanted)."""
 
     # ---- signals -----------------------------------------------------------------
 
@@ -349,7 +352,9 @@ class Supervisor:
                 hosts = unique(rank_hosts)
                 newly_bad = [n for n in read_bad_nodes(self.run_dir.bad_nodes) if n not in set(bad)]
                 failed = failed_nodes(result, hosts, newly_bad, with_spares=bool(res.spare_nodes))
-                if not failed and self._restarts_in_place(result, attempt):
+                no_spare = not failed or len(failed) > len(spares)
+                listed = [n for n in newly_bad if n in set(hosts)]
+                if no_spare and self._restarts_in_place(result, attempt, listed):
                     attempt += 1
                     reason = self._reason(result, code)
                     self._emit(InJobRestart(attempt=attempt, replaced={}, reason=reason, spares_left=list(spares)))
@@ -379,14 +384,22 @@ class Supervisor:
             if holders is not None:
                 holders.stop()
 
-    def _restarts_in_place(self, result: StepResult, attempts: int) -> bool:
+    def _restarts_in_place(self, result: StepResult, attempts: int, newly_bad: Sequence[str] = ()) -> bool:
         """A rank crashed on a live node and the snapshot holders keep the state: restart on the same nodes.
 
-        Only a crash (not a hang, whose node may be at fault), at most ``resilience.max_restarts`` times a start.
+        Taken where no spare is left to move to (none configured, or all used by earlier restarts of this
+        start): a requeue would end the holders and go back to the persistent checkpoint. Only a crash (not a
+        hang, whose node may be at fault, nor a node the ranks listed as bad), at most
+        ``resilience.max_restarts`` times a start.
         """
-        if not self.job.checkpoint.memory_interval_steps or attempts >= self.job.resilience.max_restarts:
+        if not self._in_place_left(attempts):
             return False
-        return result.first_failure is not None and not result.dead_nodes and not result.hung
+        crashed = result.first_failure is not None and result.verdict is None
+        return crashed and not result.dead_nodes and not result.hung and not newly_bad
+
+    def _in_place_left(self, attempts: int) -> bool:
+        """Whether the step of ``attempts`` may still be restarted in place (snapshots on, max_restarts not reached)."""
+        return bool(self.job.checkpoint.memory_interval_steps) and attempts < self.job.resilience.max_restarts
 
     def _start_holders(self, nodes: Sequence[str]) -> Holders | None:
         """The per-node snapshot holders of ``checkpoint.memory_interval_steps`` (spares too), or None when off."""
@@ -412,7 +425,7 @@ class Supervisor:
         )
         proc, join_readers = warm or self._start_srun(attempt, env, failures)
         self._proc = proc
-        self._next = (attempt + 1, (*hosts, *spares), bool(spares))
+        self._next = (attempt + 1, (*hosts, *spares), bool(spares) or self._in_place_left(attempt))
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe")
         try:
             rc, probing, hung = self._watch(proc, gen_dir, hosts, failures, pool)
@@ -462,8 +475,8 @@ class Supervisor:
         """Once the step trains (a rank beat in a step), start the standbys for the next attempt on its nodes."""
         if not self.warm_standby or self._standby is not None or self.stopping:
             return
-        attempt, nodes, spare_left = self._next
-        if not spare_left or not any(beat.phase == "step" for beat in read_beats(gen_dir).values()):
+        attempt, nodes, restart_left = self._next
+        if not restart_left or not any(beat.phase == "step" for beat in read_beats(gen_dir).values()):
             return
         directory = self.start_dir / f"standby-{attempt}"
         remove_tree(directory)

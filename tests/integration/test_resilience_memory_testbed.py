@@ -104,3 +104,37 @@ def test_node_kill_takes_the_dead_nodes_shards_from_their_buddies(
     assert spare not in resumed["sources"].values()
     first = next(r for r in read_metrics(run_dir.metrics) if r["step"] == resumed["step"] + 1)
     print(f"fault to first resumed step (memory, node loss): {first['time'] - faulted_at:.1f} s")
+
+
+def test_second_crash_after_the_spare_is_used_resumes_from_memory_in_place(
+    testbed: Any, corpus: Path, reference: RunDir, tmp_path: Path
+) -> None:
+    """Two in-job restarts in a row: the first crash takes the only spare; the second, with none left, restarts
+    the step on the same (live) nodes from the snapshots instead of requeueing, which would lose the holders
+    and go back to the persistent checkpoint (or to step 0 when a killed save left none)."""
+    job_id, run_dir = submit_with_snapshots(testbed, corpus, tmp_path, "mem-two-crashes")
+    trained = [wait_between_checkpoints(run_dir)]
+    kill_rank(run_dir)
+    wait_for("the first restart to resume", lambda: kinds(run_dir, "memory_resume"), timeout_s=300)
+    resumed_at = kinds(run_dir, "memory_resume")[0]["step"]
+    wait_for("a step after the resume", lambda: last_step(run_dir) > resumed_at, timeout_s=300)
+    trained.append(last_step(run_dir))
+    faulted_at = time.time()
+    kill_rank(run_dir)
+    status = wait_ended(testbed.client, job_id, 400)
+    assert status.state == JobState.COMPLETED, "\n".join(p.read_text()[-1500:] for p in run_dir.logs.glob("*.err"))
+    resumes = kinds(run_dir, "memory_resume")
+    assert len(resumes) == 2, resumes
+    for resumed, reached in zip(resumes, trained, strict=True):
+        assert resumed["step"] >= reached - 1, (resumes, trained)  # at most one step lost each time
+    assert not kinds(run_dir, "resume") and not kinds(run_dir, "requeue")
+    assert len(starts(run_dir)) == 1  # the same start of the same job
+    first, second = kinds(run_dir, "in_job_restart")
+    assert first["replaced"] and not second["replaced"] and second["spares_left"] == []
+    assert not kinds(run_dir, "spares_exhausted")
+    expected = [(r["step"], r["loss"]) for r in read_metrics(reference.metrics)]
+    assert [(r["step"], r["loss"]) for r in read_metrics(run_dir.metrics)] == expected
+    assert shard_hashes(run_dir, STEPS) == shard_hashes(reference, STEPS)
+    wait_for("no process left behind", lambda: not leftovers(run_dir), timeout_s=30)
+    again = next(r for r in read_metrics(run_dir.metrics) if r["step"] == resumes[1]["step"] + 1)
+    print(f"second crash to first resumed step (memory, in place): {again['time'] - faulted_at:.1f} s")

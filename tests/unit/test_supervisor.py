@@ -1,5 +1,6 @@
 """Hot spares: choosing them, rendering them, and the in-job supervisor around a stand-in srun."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -266,6 +267,48 @@ def test_with_memory_snapshots_a_crashed_rank_restarts_on_the_same_nodes(tmp_pat
     sup._start_holders = lambda nodes: None  # type: ignore[method-assign]
     assert sup.run() == 137  # resilience.max_restarts (3) in-place restarts, then the batch script's requeue
     assert len(log.read_text().splitlines()) == 4
+
+
+def test_with_memory_snapshots_a_crash_after_the_last_spare_restarts_in_place(
+    tmp_path: Path, small_corpus: Path
+) -> None:
+    """The first crash takes the spare; the next, with none left, restarts on the same nodes from the snapshots
+    instead of requeueing (which would end the holders and fall back to the persistent checkpoint)."""
+    job = job_in(tmp_path, small_corpus, "resources.spare_nodes=1", "checkpoint.memory_interval_steps=1")
+    sup, run_dir, log = supervised(tmp_path, small_corpus, "crash,crash,ok", spares=1)
+    sup.job = job
+    sup._start_holders = lambda nodes: None  # type: ignore[method-assign]
+    assert sup.run() == ExitCode.OK
+    assert [line.split()[:5] for line in log.read_text().splitlines()] == [
+        ["0", "n3", "n3", "n4", "n4"],
+        ["1", "n3", "n3", "n5", "n5"],
+        ["2", "n3", "n3", "n5", "n5"],
+    ]
+    assert read_bad_nodes(run_dir.bad_nodes) == ("n4",)  # the node restarted on is not blamed
+    events = read_events(run_dir.events)
+    assert "spares_exhausted" not in [e["kind"] for e in events]
+    restarts = [e for e in events if e["kind"] == "in_job_restart"]
+    assert [(e["attempt"], e["replaced"], e["spares_left"]) for e in restarts] == [
+        (1, {"n4": "n5"}, []),
+        (2, {}, []),
+    ]
+    assert sup._next[2]  # a standby is still wanted for the next in-place restart
+
+    # A hang is not restarted in place (its node may be at fault): with no spare left it requeues.
+    sup, run_dir, log = supervised(tmp_path / "hung", small_corpus, "crash,crash,ok", spares=1)
+    sup.job = job
+    sup._start_holders = lambda nodes: None  # type: ignore[method-assign]
+    results = iter([False, True])
+    real_run_step = sup._run_step
+
+    def run_step(attempt: int, rank_hosts: Sequence[str], spares: Sequence[str]) -> StepResult:
+        result = real_run_step(attempt, rank_hosts, spares)
+        return dataclasses.replace(result, hung=next(results))
+
+    sup._run_step = run_step  # type: ignore[method-assign]
+    assert sup.run() == ExitCode.UNHEALTHY
+    assert read_bad_nodes(run_dir.bad_nodes) == ("n4", "n5")
+    assert [e["kind"] for e in read_events(run_dir.events)][-1] == "spares_exhausted"
 
 
 def test_when_every_node_reported_its_tasks_the_probe_is_not_waited_for(tmp_path: Path, small_corpus: Path) -> None:
