@@ -134,6 +134,16 @@ class CheckpointSchedule:
             return True
         return step - self._last_saved >= self.choice.steps
 
+    def missed(self, step: int, newest: int | None, total_steps: int) -> bool:
+        """A run resumed at ``step`` from elsewhere than a checkpoint: was a periodic save due after ``newest``?
+
+        With a fixed interval, whether a multiple of it lies in ``(newest, step]`` (the final step saves anyway);
+        ``auto`` saves at the first step after a start by itself.
+        """
+        if self.fixed is None or step >= total_steps:
+            return False
+        return step // self.fixed * self.fixed > (newest or 0)
+
     def saved(self, step: int, save_cost_s: float) -> IntervalChoice | None:
         """Record a periodic save; returns the new auto choice when it changed (to log it), else None."""
         self._last_saved = step

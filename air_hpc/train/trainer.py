@@ -76,6 +76,9 @@ class _Start:
     loaded: "Loaded | None"
     first_step: int
     consumed: int
+    newest_checkpoint: int | None = None
+    """The newest committed persistent checkpoint when ``loaded`` is an in-memory snapshot (else None)."""
+    from_memory: bool = False
 
 
 def train(
@@ -154,17 +157,19 @@ def _resume(checkpoints: "Checkpointer", model: "Model", snapshots: "MemorySnaps
 
     A snapshot older than the newest committed checkpoint is not used (a requeue's checkpoint is newer).
     """
-    loaded = None
+    loaded = newest = None
     if snapshots is not None:
         newest = max(checkpoints.store.committed_steps(), default=None) if checkpoints.rank == 0 else None
-        loaded = snapshots.restore(model.state(), checkpoints.comm.broadcast_from_0(newest), device)
+        newest = checkpoints.comm.broadcast_from_0(newest)
+        loaded = snapshots.restore(model.state(), newest, device)
+    from_memory = loaded is not None
     if loaded is None:
         loaded = checkpoints.resume(model.state())
     if loaded is None:
         return _Start(None, 1, 0)
     consumed = int(loaded.extra["consumed_samples"])
     log.info("resumed from step %d (%d samples consumed)", loaded.step, consumed)
-    return _Start(loaded, loaded.step + 1, consumed)
+    return _Start(loaded, loaded.step + 1, consumed, newest if from_memory else None, from_memory)
 
 
 class _StepLoop:
@@ -218,6 +223,16 @@ class _StepLoop:
 
     def run(self) -> RunSummary:
         steps = self.job.train.steps
+        start = self.start
+        if start.from_memory and self.schedule.missed(start.first_step - 1, start.newest_checkpoint, steps):
+            # A periodic save the failure interrupted (or that it struck before) is not skipped: a later requeue
+            # would otherwise go back a whole interval more (or to step 1).
+            log.info(
+                "saving step %d: the periodic checkpoint due since step %s is missing",
+                start.first_step - 1,
+                start.newest_checkpoint,
+            )
+            self._save(start.first_step - 1, sync=False, reason="catch_up")
         for step in range(self.start.first_step, steps + 1):
             result = self._step(step)
             self._report(step, result)

@@ -100,3 +100,27 @@ def test_in_memory_snapshots_stretch_the_persistent_interval_by_the_failures_the
     assert persistent_mtbf_h(10.0, memory_snapshots=True, spare_nodes=2, nodes=1) == 10.0  # no buddy off the node
     cheap = choose(save_cost_s=2.0, step_time_s=1.0, mtbf_h=persistent_mtbf_h(1.0, True, 1, 2))
     assert cheap.steps > choose(save_cost_s=2.0, step_time_s=1.0, mtbf_h=1.0).steps
+
+
+@pytest.mark.parametrize(
+    ("step", "newest", "missed"),
+    [
+        (10, None, True),  # a ckpt-kill during the save of step 10, resumed from the snapshot of step 10
+        (13, None, True),
+        (13, 10, False),
+        (20, 10, True),
+        (9, None, False),  # no save was due yet
+        (9, 3, False),
+        (30, 20, False),  # the final step saves anyway
+    ],
+)
+def test_a_periodic_save_missed_before_a_resume_from_memory_is_found(
+    step: int, newest: int | None, missed: bool
+) -> None:
+    assert CheckpointSchedule(10, None).missed(step, newest, total_steps=30) is missed
+
+
+def test_auto_intervals_miss_nothing_they_save_at_the_first_step_after_a_start() -> None:
+    schedule = CheckpointSchedule("auto", 1.0)
+    assert not schedule.missed(25, None, total_steps=30)
+    assert schedule.due(26, 0.1)
