@@ -18,7 +18,7 @@ from typing import Protocol
 import psutil
 
 from air_hpc.errors import AirHpcError, UserError
-from air_hpc.health.heartbeat import read_beats
+from air_hpc.health.heartbeat import Beat, read_beats
 from air_hpc.records.rundir import RunDir
 from air_hpc.slurm import hostlist
 from air_hpc.slurm.client import SlurmClient
@@ -97,31 +97,48 @@ def continue_stopped(target: Target) -> int:
     return continued
 
 
-def rank_processes(job_id: str) -> list[RankProcess]:
-    """The job's rank processes on this machine, by rank (the testbed's nodes all run here)."""
+def rank_processes(job_id: str, run_dir: RunDir | None = None) -> list[RankProcess]:
+    """The job's rank processes on this machine, by rank (the testbed's nodes all run here).
+
+    With ``run_dir``, only the ranks of the running training step, by the PIDs of its newest heartbeats: a job
+    with in-memory snapshots or hot spares has other tasks too (a snapshot holder per node, warm standby ranks),
+    and striking one of those tests nothing the fault means to test.
+    """
+    beats = _step_beats(run_dir) if run_dir is not None else None
     found = []
     for proc in psutil.process_iter(["pid", "create_time", "ppid"]):
         try:
+            if beats is not None and proc.info["pid"] not in beats:
+                continue
             slurm = SlurmEnv.from_environ(proc.environ())
             if slurm.job_id != job_id or slurm.step_id is None or slurm.procid is None:
                 continue
             if psutil.Process(proc.info["ppid"]).name() != "slurmstepd":
                 continue
-            found.append(
-                RankProcess(
-                    slurm.procid,
-                    proc.info["pid"],
-                    proc.info["create_time"],
-                    slurm.nodename or "?",
-                )
-            )
+            rank = beats[proc.info["pid"]].rank if beats is not None else slurm.procid
+            found.append(RankProcess(rank, proc.info["pid"], proc.info["create_time"], slurm.nodename or "?"))
         except (psutil.Error, OSError, AirHpcError):  # gone, not ours, or not a task's environment
             continue
     return sorted(found, key=lambda r: r.rank)
 
 
+def _step_beats(run_dir: RunDir) -> dict[int, Beat]:
+    """PID -> beat of the ranks of the newest training step (the generation whose beat was written last)."""
+    newest: tuple[float, dict[int, Beat]] = (0.0, {})
+    try:
+        generations = [d for d in run_dir.heartbeat.iterdir() if d.is_dir()]
+    except OSError:
+        return {}
+    for directory in generations:
+        beats = read_beats(directory)
+        latest = max((b.time_s for b in beats.values()), default=0.0)
+        if beats and latest > newest[0]:
+            newest = (latest, beats)
+    return {beat.pid: beat for beat in newest[1].values()}
+
+
 def _pick_rank(target: Target) -> RankProcess:
-    ranks = rank_processes(target.job_id)
+    ranks = rank_processes(target.job_id, target.run_dir)
     if not ranks:
         raise InjectionError(f"job {target.job_id}: no rank process running")
     return target.rng.choice(ranks)
@@ -231,14 +248,16 @@ def _saving(checkpoints: Path) -> bool:
 
 
 def node_kill(target: Target) -> str:
-    """Power loss on one node of the job other than the batch host: its slurmd and every process it started die."""
+    """Power loss on a node running ranks other than the batch host: its slurmd and every process it started die."""
     if target.node_control is None:
         raise InjectionError("node-kill needs the testbed's node control")
     status = target.client.job_status(target.job_id)
     hosts = hostlist.expand(status.nodelist, "the job's node list") if status and status.nodelist else []
-    if len(hosts) < 2:
-        raise InjectionError(f"job {target.job_id}: no node to kill beside the batch host ({hosts or 'none'})")
-    node = target.rng.choice(hosts[1:])  # Slurm runs the batch shell on the allocation's first node
+    # Slurm runs the batch shell on the allocation's first node; an idle spare's death would test nothing.
+    training = sorted({r.node for r in rank_processes(target.job_id, target.run_dir)} - set(hosts[:1]))
+    if not training:
+        raise InjectionError(f"job {target.job_id}: no node running ranks beside the batch host ({hosts or 'none'})")
+    node = target.rng.choice(training)
     pids = target.node_control.kill_node(node)
     target.killed.append(node)
     return f"node {node}: slurmd and {len(pids) - 1} process(es) it started killed"

@@ -177,7 +177,7 @@ def test_a_rank_the_campaign_stopped_is_continued_however_it_ends(
     """The hang fault's SIGSTOP outlived an interrupted campaign: the clean-up continues the rank, then cancels."""
     fake, target = _target(tmp_path, steps=3)
     rank = RankProcess(0, sleeper.pid, sleeper.create_time(), "n1")
-    monkeypatch.setattr("air_hpc.chaos.inject.rank_processes", lambda job_id: [rank])
+    monkeypatch.setattr("air_hpc.chaos.inject.rank_processes", lambda job_id, run_dir=None: [rank])
     assert hang(target) == f"SIGSTOP rank 0 pid {sleeper.pid} on n1"
     assert settled(sleeper, psutil.STATUS_STOPPED)
     lines: list[str] = []
