@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import cast
 
 from air_hpc.config.models import HealthConfig
-from air_hpc.health.limits import LIMITED_PHASES, LearnPolicy, LimitedPhase, PhaseLimit, derive_limit
+from air_hpc.health.limits import LIMITED_PHASES, MIN_SAMPLES, LearnPolicy, LimitedPhase, PhaseLimit, derive_limit
 from air_hpc.records.phase_times import MAX_SAMPLES, read_phase_times, write_phase_times
 
 log = logging.getLogger(__name__)
 
-#: Rank 0 rewrites phase_times.json at most this often while only steps add samples (a save or a start at once).
+#: Rank 0 rewrites phase_times.json at most this often once the step limit is learned (a save or a start at once).
 PERSIST_EVERY_S = 30.0
 
 
@@ -120,7 +120,10 @@ class LearnedLimits:
         self._samples[limited].add(seconds)
         self._limits[limited] = self._derive(limited)
         self._unsaved = True
-        if limited != "step" or self._clock() - self._saved_at >= PERSIST_EVERY_S:
+        # Until the step limit is learned every sample is kept at once: in-job restarts seconds apart would
+        # otherwise each end before the periodic write, and no start would ever learn it.
+        learning = len(self._samples[limited].recent) <= MIN_SAMPLES[limited]
+        if limited != "step" or learning or self._clock() - self._saved_at >= PERSIST_EVERY_S:
             self.persist()
 
     def persist(self) -> None:

@@ -260,3 +260,20 @@ def test_a_rank_frozen_in_a_save_is_caught_at_the_learned_limit_and_the_verdict_
     assert any(
         "made no progress in save" in r.message and "save limit 1 s, learned" in r.message for r in caplog.records
     )
+
+
+def test_step_samples_are_kept_at_once_until_the_step_limit_is_learned(tmp_path: Path) -> None:
+    """Starts that each live a few steps (in-job restarts seconds apart) learn the step limit together."""
+    store = tmp_path / "phase_times.json"
+    now = [0.0]
+    for _start in range(4):  # each start: the warm-up, then 6 steps, then a kill -9 (no persist() at the end)
+        limits = LearnedLimits(CAPS, POLICY, read_phase_times(store, LIMITED_PHASES), store, clock=lambda: now[0])
+        for _ in range(POLICY.warmup_steps + 6):
+            limits.observe("step", 0.5)
+    assert len(read_phase_times(store, LIMITED_PHASES)["step"]) == 20  # kept at once until the 20 needed
+    learned = LearnedLimits(CAPS, POLICY, read_phase_times(store, LIMITED_PHASES), store, clock=lambda: now[0])
+    for _ in range(POLICY.warmup_steps + 5):
+        learned.observe("step", 0.5)
+    step = learned.limit("step")
+    assert step is not None and step.source == "learned" and step.limit_s == 30.0
+    assert len(read_phase_times(store, LIMITED_PHASES)["step"]) == 20  # learned: periodic writes again
