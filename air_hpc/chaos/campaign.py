@@ -102,7 +102,7 @@ def _jobs(campaign: Campaign) -> tuple[JobConfig, JobConfig]:
     base = testbed_job(campaign.job_file, campaign.overrides)
     stamp = time.strftime("%Y%m%d-%H%M%S")
 
-    def named(role: str) -> JobConfig:
+    def named(role: str, *extra: str) -> JobConfig:
         return load_job(
             campaign.job_file,
             [
@@ -110,10 +110,12 @@ def _jobs(campaign: Campaign) -> tuple[JobConfig, JobConfig]:
                 f"run.name={base.run.name}-{role}-s{campaign.seed}-{stamp}",
                 f"cluster.topology_file={campaign.topology_conf}",
                 "cluster.exclusive=true",  # never a node shared at once: a fault on one copy never reaches the other
+                *extra,
             ],
         )
 
-    return named("reference"), named("chaos")
+    # The reference is never struck: spares would only hold nodes the chaos copy's spares need at the same time.
+    return named("reference", "resources.spare_nodes=0"), named("chaos")
 
 
 class _Watch:

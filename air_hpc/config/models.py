@@ -383,7 +383,7 @@ class HealthConfig(Section):
     )
     learned_limit_floor_s: int = Field(30, ge=1, description="No learned limit is shorter than this.")
     learned_limit_warmup_steps: int = Field(
-        5, ge=0, description="First steps of each start that keep the configured step limit and are not learned from."
+        5, ge=0, description="First steps of each start: no step samples; their limit is learned from earlier warm-ups."
     )
     preflight: bool = Field(True, description="Run the pre-flight health check on each node before training.")
     min_free_disk_gb: float = Field(1.0, ge=0, description="Free space required in the checkpoint directory.")

@@ -18,7 +18,16 @@ from pathlib import Path
 from typing import cast
 
 from air_hpc.config.models import HealthConfig
-from air_hpc.health.limits import LIMITED_PHASES, MIN_SAMPLES, LearnPolicy, LimitedPhase, PhaseLimit, derive_limit
+from air_hpc.health.limits import (
+    LIMITED_PHASES,
+    MIN_SAMPLES,
+    SERIES,
+    WARMUP_STEP,
+    LearnPolicy,
+    LimitedPhase,
+    PhaseLimit,
+    derive_limit,
+)
 from air_hpc.records.phase_times import MAX_SAMPLES, read_phase_times, write_phase_times
 
 log = logging.getLogger(__name__)
@@ -78,6 +87,7 @@ class LearnedLimits:
         """``store``: where to keep the samples (rank 0's ``phase_times.json``); None on the other ranks."""
         self.caps, self.policy, self.store, self._clock = dict(caps), policy, store, clock
         self._samples = {phase: _Samples(history.get(phase, ())) for phase in LIMITED_PHASES}
+        self._warmup = _Samples(history.get(WARMUP_STEP, ()))
         self._steps_seen = 0
         self._unsaved = False
         self._saved_at = clock()
@@ -87,7 +97,7 @@ class LearnedLimits:
     def for_rank(cls, health: HealthConfig, phase_times: Path, rank: int) -> "LearnedLimits":
         """The limits of one rank of the run whose ``phase_times.json`` is ``phase_times``; rank 0 keeps the file."""
         policy = policy_from_config(health)
-        history = read_phase_times(phase_times, LIMITED_PHASES) if policy.enabled else {}
+        history = read_phase_times(phase_times, SERIES) if policy.enabled else {}
         return cls(caps_from_config(health), policy, history, phase_times if rank == 0 and policy.enabled else None)
 
     def limit(self, phase: str) -> PhaseLimit | None:
@@ -104,8 +114,10 @@ class LearnedLimits:
         shortest = min(self.caps.values())
         return min(shortest, self.policy.floor_s) if self.policy.enabled else shortest
 
-    def samples(self, phase: LimitedPhase) -> tuple[float, ...]:
-        return tuple(self._samples[phase].recent)
+    def samples(self, series: str) -> tuple[float, ...]:
+        """A phase's samples, or the warm-up steps' (:data:`~air_hpc.health.limits.WARMUP_STEP`)."""
+        kept = self._warmup if series == WARMUP_STEP else self._samples[cast(LimitedPhase, series)]
+        return tuple(kept.recent)
 
     def observe(self, phase: str, seconds: float) -> None:
         """A rank spent ``seconds`` in ``phase`` without a beat (the heartbeat's observer)."""
@@ -115,7 +127,10 @@ class LearnedLimits:
         if limited == "step":
             self._steps_seen += 1
             if self._steps_seen <= self.policy.warmup_steps:  # a start's first steps compile and allocate
+                self._warmup.add(seconds)
                 self._limits["step"] = self._derive("step")
+                self._unsaved = True
+                self.persist()  # a few per start, and a restart seconds later needs them
                 return
         self._samples[limited].add(seconds)
         self._limits[limited] = self._derive(limited)
@@ -132,7 +147,7 @@ class LearnedLimits:
             return
         self._saved_at, self._unsaved = self._clock(), False
         try:
-            write_phase_times(self.store, {phase: self.samples(phase) for phase in LIMITED_PHASES})
+            write_phase_times(self.store, {series: self.samples(series) for series in SERIES})
         except OSError as exc:
             log.warning("phase times %s not written: %s", self.store, exc)
 
@@ -140,7 +155,8 @@ class LearnedLimits:
         warming = ""
         if phase == "step" and self._steps_seen < self.policy.warmup_steps:
             warming = f"warming up ({self._steps_seen} of this start's first {self.policy.warmup_steps} steps done)"
-        return derive_limit(phase, self._samples[phase].ordered, self.caps[phase], self.policy, warming)
+        samples = self._samples[phase].ordered
+        return derive_limit(phase, samples, self.caps[phase], self.policy, warming, self._warmup.ordered)
 
     def summary(self) -> str:
         """The limits in force, one phase each, for the rank's log."""

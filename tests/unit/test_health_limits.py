@@ -17,6 +17,9 @@ from air_hpc.health.learning import LearnedLimits, caps_from_config, policy_from
 from air_hpc.health.limits import (
     LIMITED_PHASES,
     MIN_SAMPLES,
+    MIN_WARMUP_SAMPLES,
+    SERIES,
+    WARMUP_STEP,
     LearnPolicy,
     derive_limit,
     high_percentile,
@@ -277,3 +280,45 @@ def test_step_samples_are_kept_at_once_until_the_step_limit_is_learned(tmp_path:
     step = learned.limit("step")
     assert step is not None and step.source == "learned" and step.limit_s == 30.0
     assert len(read_phase_times(store, LIMITED_PHASES)["step"]) == 20  # learned: periodic writes again
+
+
+def test_the_step_limit_of_a_warm_up_is_learned_from_earlier_warm_ups() -> None:
+    warming = "warming up (0 of this start's first 3 steps done)"
+    few = derive_limit("step", [0.1] * 50, 300, POLICY, warming, warmup_samples=[4.0, 0.5])
+    assert (few.source, few.limit_s) == ("configured", 300)
+    assert few.describe() == (
+        f"step limit 300 s, configured (health.heartbeat_step_s): {warming}; "
+        f"2 of the {MIN_WARMUP_SAMPLES} warm-up step samples needed to learn"
+    )
+    learned = derive_limit("step", [0.1] * 50, 300, POLICY, warming, warmup_samples=[12.0, 0.5, 0.4])
+    assert (learned.source, learned.limit_s, learned.observed_s, learned.warmup) == ("learned", 60.0, 12.0, True)
+    assert learned.describe() == (
+        "step limit 60 s, learned: max(floor 30 s, 5 x p99 12 s of 3 warm-up step samples), "
+        "under the configured 300 s (health.heartbeat_step_s)"
+    )
+    # past the warm-up, with too few steps after warm-ups yet, the warm-up steps bound the step too
+    early = derive_limit("step", [0.1] * 5, 300, POLICY, warmup_samples=[12.0, 0.5, 0.4])
+    assert (early.source, early.limit_s, early.warmup) == ("learned", 60.0, True)
+    # enough steps: they decide, the slower warm-up steps no longer
+    assert derive_limit("step", [0.1] * 20, 300, POLICY, warmup_samples=[12.0, 0.5, 0.4]).warmup is False
+    # only the step has warm-up samples
+    assert derive_limit("load", [1.0], 900, POLICY, warmup_samples=[1.0] * 5).source == "configured"
+
+
+def test_a_restart_watches_its_warm_up_with_the_limit_the_starts_before_it_learned(tmp_path: Path) -> None:
+    """In-job restarts seconds apart: each start's warm-up steps are kept at once, so the next start's first
+    step (its slowest, and where a frozen rank was caught only at the configured cap) has a learned limit."""
+    store = tmp_path / "phase_times.json"
+    first = LearnedLimits(CAPS, POLICY, read_phase_times(store, SERIES), store)
+    before = first.limit("step")
+    assert before is not None and before.source == "configured" and "0 of the 3 warm-up" in before.describe()
+    for seconds in (8.0, 0.6, 0.5):  # the warm-up, then a kill -9: nothing written at the end
+        first.observe("step", seconds)
+    assert read_phase_times(store, SERIES)[WARMUP_STEP] == (8.0, 0.6, 0.5)
+    assert read_phase_times(store, SERIES)["step"] == ()  # warm-up steps are not step samples
+    restarted = LearnedLimits(CAPS, POLICY, read_phase_times(store, SERIES), store)
+    step = restarted.limit("step")
+    assert step is not None and (step.source, step.limit_s, step.warmup) == ("learned", 40.0, True)
+    assert "5 x p99 8 s of 3 warm-up step samples" in step.describe()
+    off = LearnedLimits(CAPS, LearnPolicy(enabled=False), read_phase_times(store, SERIES), store)
+    assert off.limit_s("step") == CAPS["step"]
