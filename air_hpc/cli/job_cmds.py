@@ -177,18 +177,11 @@ def _route(
     as_json: bool,
 ) -> "tuple[JobConfig, SlurmClient, RouteDecision]":
     """``--clusters``: the job and client aimed at the cluster chosen (:mod:`air_hpc.launch.route`), and why."""
-    from air_hpc.errors import ConfigError
     from air_hpc.launch.chain import dependency
-    from air_hpc.launch.route import client_for, for_cluster, planned_start, route
+    from air_hpc.launch.route import check_routable, planned_start, route_job
 
-    if executor != "slurm":
-        raise ConfigError(f"--clusters: only --executor slurm routes a job across clusters (not {executor})")
-    if waits is not None:
-        raise ConfigError(
-            "--clusters with --after: a Slurm dependency holds within one cluster only; submit to the cluster of the "
-            "job it waits for (--clusters NAME) or drop --after"
-        )
-    decision, member = route(
+    check_routable(executor, "job", waits)
+    routed = route_job(
         job,
         clusters.split(","),
         client,
@@ -196,8 +189,8 @@ def _route(
         lambda line: click.echo(f"warning: {line}", err=True),
     )
     if not as_json:
-        click.echo(f"route: {decision.reason}", err=True)
-    return for_cluster(job, member), client_for(client, member), decision
+        click.echo(f"route: {routed.decision.reason}", err=True)
+    return routed.job, routed.client, routed.decision
 
 
 def _say_submitted(done: "Submission") -> None:

@@ -111,14 +111,12 @@ def _route(
 ) -> "tuple[list[Element], SlurmClient, RouteDecision]":
     """``--clusters``: one cluster for the whole array (its tasks share one request), chosen by asking each where
     the first element still to run would start (:mod:`air_hpc.launch.route`); every element aimed at it."""
-    from air_hpc.errors import ConfigError
-    from air_hpc.launch.route import client_for, for_cluster, planned_start, route
+    from air_hpc.launch.route import check_routable, planned_start, route_job
     from air_hpc.launch.sweep import pending_elements
 
-    if executor != "slurm":
-        raise ConfigError(f"--clusters: only --executor slurm routes a sweep across clusters (not {executor})")
+    check_routable(executor, "sweep")
     todo, _ = pending_elements(elements, force)
-    decision, member = route(
+    routed = route_job(
         (todo or elements)[0].job,
         clusters.split(","),
         client,
@@ -126,9 +124,8 @@ def _route(
         lambda line: click.echo(f"warning: {line}", err=True),
     )
     if not as_json:
-        click.echo(f"route: {decision.reason}", err=True)
-    routed = [dataclasses.replace(e, job=for_cluster(e.job, member)) for e in elements]
-    return routed, client_for(client, member), decision
+        click.echo(f"route: {routed.decision.reason}", err=True)
+    return [dataclasses.replace(e, job=routed.aim(e.job)) for e in elements], routed.client, routed.decision
 
 
 def _say_submitted(done: "SweepSubmission", as_json: bool) -> None:

@@ -297,3 +297,40 @@ def route(
             warn(f"cluster {answer.cluster} skipped: {answer.error}")
     decision = decide(answers)
     return decision, next(m for m in chosen_from if m.name == decision.cluster)
+
+
+def check_routable(executor: str, what: Literal["job", "sweep"], after: str | None = None) -> None:
+    """Refuse ``--clusters`` where a route cannot hold (ConfigError, exit 2), before any cluster is asked: only our
+    own ``sbatch`` executor routes (submitit and local jobs do not take ``-M``), and a Slurm dependency (``--after``,
+    the job id it waits for) holds within one cluster only."""
+    if executor != "slurm":
+        raise ConfigError(f"--clusters: only --executor slurm routes a {what} across clusters (not {executor})")
+    if after is not None:
+        raise ConfigError(
+            "--clusters with --after: a Slurm dependency holds within one cluster only; submit to the cluster of the "
+            "job it waits for (--clusters NAME) or drop --after"
+        )
+
+
+@dataclass(frozen=True)
+class Routed:
+    """Where ``--clusters`` sends a job (or a sweep's one array): the decision, the cluster chosen and the client
+    aimed at it, and the job asked about as submitted there."""
+
+    decision: RouteDecision
+    member: SlurmClusterConfig
+    client: SlurmClient
+    job: JobConfig
+
+    def aim(self, job: JobConfig) -> JobConfig:
+        """Another job (a sweep's other elements) as submitted to the chosen cluster."""
+        return for_cluster(job, self.member)
+
+
+def route_job(
+    job: JobConfig, names: Sequence[str], client: SlurmClient, test_only: Asker, warn: Callable[[str], None]
+) -> Routed:
+    """``submit --clusters`` and ``sweep --clusters``: ask every named cluster about ``job`` (:func:`route`), then aim
+    the job and the client at the cluster chosen. Check :func:`check_routable` first."""
+    decision, member = route(job, names, client, test_only, warn)
+    return Routed(decision, member, client_for(client, member), for_cluster(job, member))

@@ -11,7 +11,19 @@ from air_hpc.config import load_job
 from air_hpc.config.models import JobConfig, SlurmClusterConfig
 from air_hpc.errors import ConfigError, RouteError
 from air_hpc.exitcodes import ExitCode
-from air_hpc.launch.route import ClusterAnswer, Quality, decide, members, planned_start, quality, route
+from air_hpc.launch.grid import expand, parse_grid
+from air_hpc.launch.route import (
+    ClusterAnswer,
+    Quality,
+    check_routable,
+    decide,
+    members,
+    planned_start,
+    quality,
+    route,
+    route_job,
+)
+from air_hpc.launch.sweep import load_elements
 from air_hpc.observe.records import load_records
 from air_hpc.ops.control import cancel_run, find_job, run_status
 from air_hpc.ops.states import run_jobs
@@ -152,6 +164,50 @@ def test_a_cluster_that_does_not_answer_is_skipped_with_a_warning_and_all_down_i
     with pytest.raises(RouteError, match="no cluster answered") as info:
         route(job, ["a", "b"], fake, planned_start(), warnings.append)
     assert info.value.exit_code == 2 and "\n" not in str(info.value)
+
+
+def test_route_job_aims_the_job_and_the_client_at_the_cluster_chosen(tmp_path: Path, small_corpus: Path) -> None:
+    job, fake = two_clusters(tmp_path, small_corpus, busy="a")
+    warnings: list[str] = []
+    routed = route_job(job, ["a", "b"], fake, planned_start(), warnings.append)
+    assert routed.decision.cluster == routed.member.name == "b" and warnings == []
+    assert routed.client is fake.members["b"] and routed.client.cluster_name == "b"
+    assert routed.job.cluster.topology_file == job.cluster.clusters[1].topology_file != job.cluster.topology_file
+    assert routed.job.model_copy(update={"cluster": job.cluster}) == job  # only the topology file changes
+    assert not fake.members["b"].jobs and not fake.members["a"].jobs  # asked with --test-only, nothing submitted
+
+
+def test_route_job_asks_about_a_sweeps_first_element_and_aims_every_element(tmp_path: Path, small_corpus: Path) -> None:
+    job, fake = two_clusters(tmp_path, small_corpus, busy="b")
+    overrides = [
+        f"run.root={tmp_path / 'runs'}",
+        f"data.path={small_corpus}",
+        "cluster.clusters=["
+        + ", ".join(f"{{name: {c.name}, topology_file: {c.topology_file}}}" for c in job.cluster.clusters)
+        + "]",
+    ]
+    _, elements = load_elements(str(TESTBED_JOB), overrides, expand(parse_grid(["train.seed=1,2"]), (), None, 0))
+    warnings: list[str] = []
+    routed = route_job(elements[0].job, ["a", "b"], fake, planned_start(), warnings.append)
+    assert routed.decision.cluster == "a" and routed.client is fake.members["a"] and warnings == []
+    aimed = [routed.aim(e.job) for e in elements]
+    assert [j.train.seed for j in aimed] == [1, 2]
+    assert all(j.cluster.topology_file == job.cluster.clusters[0].topology_file for j in aimed)
+    assert aimed[0] == routed.job
+
+
+def test_routing_is_refused_before_any_cluster_is_asked_for_another_executor_or_a_dependency() -> None:
+    check_routable("slurm", "job")
+    for executor, what in (("submitit", "job"), ("local", "sweep")):
+        with pytest.raises(
+            ConfigError, match=f"only --executor slurm routes a {what} across clusters \\(not {executor}\\)"
+        ) as info:
+            check_routable(executor, what)  # type: ignore[arg-type]
+        assert info.value.exit_code == ExitCode.USAGE
+    with pytest.raises(ConfigError, match="a Slurm dependency holds within one cluster only"):
+        check_routable("slurm", "job", after="123")
+    with pytest.raises(ConfigError, match="only --executor slurm routes a job"):  # the executor is named first
+        check_routable("local", "job", after="123")
 
 
 def test_an_unknown_cluster_name_is_exit_2_naming_it_and_the_known_ones(tmp_path: Path, small_corpus: Path) -> None:
