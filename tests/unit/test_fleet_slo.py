@@ -147,7 +147,8 @@ def test_metrics_textfile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_m
     out_file = tmp_path / "fleet.prom"
     slo = slo_file(tmp_path, "tenants:\n  root:\n    queue_wait_p95_min: 0.25\n")
     code, out, _ = run_main(
-        ["fleet", "metrics", "--root", str(tmp_path), "--slo", str(slo), "--textfile", str(out_file)]
+        # from the fixture's start, not the default "a day ago" (the fixture's jobs left that on 2026-12-05 17:40)
+        ["fleet", "metrics", "--since", SINCE, "--root", str(tmp_path), "--slo", str(slo), "--textfile", str(out_file)]
     )
     assert code == 0 and out.startswith(f"wrote {out_file}")
     found = samples(out_file.read_text())
