@@ -3,9 +3,17 @@
 Frames both ways are ``u32 length | JSON header | payload``, the header's ``nbytes`` giving the
 payload's length. The holder never interprets a payload; the reader checks it
 (:func:`air_hpc.resilience.snapshot.decode`).
+
+A ``put`` does not stream the blob through the socket: the rank writes it once into a memfd,
+seals the memfd against any further write, shrink or grow (``F_ADD_SEALS``), and passes the
+descriptor with the frame (``SCM_RIGHTS``); the holder maps it read-only and keeps the mapping,
+which keeps the memory alive after the rank is gone. That is one copy of a snapshot instead of
+three (the socket's two and the holder's zeroed buffer), and no work for the holder's process.
 """
 
+import fcntl
 import json
+import mmap
 import os
 import socket
 import struct
@@ -25,9 +33,21 @@ def socket_path(directory: Path, node: str) -> Path:
     return directory / f"{node}.sock"
 
 
-def send_frame(sock: socket.socket, header: dict[str, Any], payload: Sequence[bytes | memoryview] = ()) -> None:
+#: The seals a blob's memfd carries: nobody, its writer included, can change it once it is put.
+SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+
+
+def send_frame(
+    sock: socket.socket,
+    header: dict[str, Any],
+    payload: Sequence[bytes | memoryview] = (),
+    fds: Sequence[int] = (),
+) -> None:
+    """One frame; ``fds`` travel with its first bytes (``SCM_RIGHTS``)."""
     body = json.dumps({**header, "nbytes": sum(len(p) for p in payload)}).encode()
-    sock.sendall(struct.pack("<I", len(body)) + body)
+    head = struct.pack("<I", len(body)) + body
+    sent = socket.send_fds(sock, [head], list(fds)) if fds else 0
+    sock.sendall(head[sent:])
     for part in payload:
         sock.sendall(part)
 
@@ -44,8 +64,17 @@ def _recv_exact(sock: socket.socket, n: int) -> bytearray:
     return buf
 
 
-def recv_frame(sock: socket.socket) -> tuple[dict[str, Any], bytearray]:
-    (length,) = struct.unpack("<I", _recv_exact(sock, 4))
+def recv_frame(sock: socket.socket, fds: list[int] | None = None) -> tuple[dict[str, Any], bytearray]:
+    """One frame; with ``fds``, descriptors that came with it are appended there (the caller closes them)."""
+    if fds is None:
+        prefix = _recv_exact(sock, 4)
+    else:
+        first, got, _, _ = socket.recv_fds(sock, 4, maxfds=4)
+        fds.extend(got)
+        if not first:
+            raise ConnectionError("peer closed")
+        prefix = bytearray(first) + _recv_exact(sock, 4 - len(first))
+    (length,) = struct.unpack("<I", prefix)
     if length > MAX_HEADER_BYTES:
         raise ConnectionError(f"header of {length} bytes refused")
     header = json.loads(bytes(_recv_exact(sock, length)))
@@ -94,12 +123,12 @@ class HolderClient:
             return sock
 
     def _ask(
-        self, header: dict[str, Any], payload: Sequence[bytes | memoryview] = ()
+        self, header: dict[str, Any], payload: Sequence[bytes | memoryview] = (), fds: Sequence[int] = ()
     ) -> tuple[dict[str, Any], bytearray]:
         for attempt in (0, 1):
             sock = self._connect()
             try:
-                send_frame(sock, header, payload)
+                send_frame(sock, header, payload, fds)
                 answer, data = recv_frame(sock)
             except (OSError, ValueError) as exc:
                 self.close()
@@ -112,7 +141,16 @@ class HolderClient:
         raise AssertionError("unreachable")
 
     def put(self, owner: int, step: int, info: dict[str, Any], parts: Sequence[bytes | memoryview]) -> None:
-        self._ask({"op": "put", "owner": owner, "step": step, "info": info}, parts)
+        """Hand the blob ``parts`` joined to the holder, as a sealed memfd (one copy, none through the socket)."""
+        fd, size = sealed_memfd(parts)
+        self.put_memfd(owner, step, info, fd, size)
+
+    def put_memfd(self, owner: int, step: int, info: dict[str, Any], fd: int, size: int) -> None:
+        """Hand a sealed memfd of ``size`` bytes to the holder (closed here, put or not)."""
+        try:
+            self._ask({"op": "put", "owner": owner, "step": step, "info": info, "size": size}, fds=[fd])
+        finally:
+            os.close(fd)
 
     def listing(self) -> list[dict[str, Any]]:
         return list(self._ask({"op": "list"})[0]["items"])
@@ -127,3 +165,65 @@ class HolderClient:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+
+
+def _memfd() -> int:
+    try:
+        return os.memfd_create("air-hpc-snapshot", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    except OSError as exc:
+        raise HolderError(f"memfd_create: {exc}") from exc
+
+
+def sealed_memfd(parts: Sequence[bytes | memoryview]) -> tuple[int, int]:
+    """A new memfd holding ``parts`` one after the other, sealed (:data:`SEALS`); returns it and its size."""
+    fd = _memfd()
+    try:
+        offset = 0
+        for part in parts:
+            view = memoryview(part).cast("B")
+            while view:
+                written = os.pwrite(fd, view[: 1 << 30], offset)
+                offset += written
+                view = view[written:]
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+    except OSError as exc:
+        os.close(fd)
+        raise HolderError(f"snapshot memfd: {exc}") from exc
+    return fd, offset
+
+
+class BlobWriter:
+    """A memfd of ``size`` bytes mapped writable, to receive a blob in place (a buddy's copy from gloo).
+
+    :meth:`seal` unmaps it (every view of :attr:`map` must be gone by then) and seals it for
+    :meth:`HolderClient.put_memfd`: the received bytes go to the holder without another copy.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.fd = _memfd()
+        try:
+            os.ftruncate(self.fd, size)
+            self.map = mmap.mmap(self.fd, size) if size else None
+        except OSError as exc:
+            os.close(self.fd)
+            raise HolderError(f"snapshot memfd of {size} bytes: {exc}") from exc
+
+    def seal(self) -> int:
+        """The sealed descriptor (the caller owns it); the mapping is closed."""
+        if self.map is not None:
+            self.map.close()
+            self.map = None
+        try:
+            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, SEALS)
+        except OSError as exc:
+            self.close()
+            raise HolderError(f"snapshot memfd: {exc}") from exc
+        return self.fd
+
+    def close(self) -> None:
+        """Drop it unsent."""
+        if self.map is not None:
+            self.map.close()
+            self.map = None
+        os.close(self.fd)

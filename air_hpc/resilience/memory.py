@@ -33,7 +33,7 @@ from air_hpc.backend.collectives import any_rank, gather_objects
 from air_hpc.config.layout import ParallelLayout
 from air_hpc.records.events import EventLog, MemoryResume, SnapshotBuddies, SnapshotSkipped
 from air_hpc.resilience import snapshot
-from air_hpc.resilience.holder import SOCKET_DIR_ENV, HolderClient, HolderError, socket_path
+from air_hpc.resilience.holder import SOCKET_DIR_ENV, BlobWriter, HolderClient, HolderError, socket_path
 from air_hpc.resilience.snapshot import Capture, SnapshotError, SnapshotInfo
 from air_hpc.resilience.state import Loaded, capture_rng
 from air_hpc.resilience.training_state import TrainingState
@@ -201,39 +201,71 @@ class MemorySnapshots:
             self.ship_s += time.perf_counter() - began
 
     def _seal_and_store(self, cap: Capture) -> None:
+        """Checksum while the data is on its way to the buddy (gloo's threads), put ours, then the copies we keep.
+
+        The digest goes last, once computed; the copies we keep are received straight into the memfds
+        handed to the holder (:class:`~air_hpc.resilience.holder.BlobWriter`).
+        """
+        sending = self._send_to_buddy(cap)
         cap.seal()
-        received = self._exchange(cap)
-        problems = []
-        for owner, parts in [(self.rank, cap.parts()), *received]:
+        if sending:
+            digest = _bytes_tensor(cap.digest)
+            sending.append((dist.isend(digest, self.plan.buddy[self.rank], group=self.group), digest))
+        problems: list[str] = []
+        try:
+            self.holder.put(self.rank, cap.info.step, cap.info.to_json(), cap.parts())
+        except HolderError as exc:
+            problems.append(str(exc))
+        received = self._receive_from_senders()
+        for work, _ in sending:
+            work.wait()
+        for owner, writer in received:
             try:
-                self.holder.put(owner, cap.info.step, {**cap.info.to_json(), "owner": owner}, parts)
+                self.holder.put_memfd(
+                    owner, cap.info.step, {**cap.info.to_json(), "owner": owner}, writer.seal(), writer.size
+                )
             except HolderError as exc:
                 problems.append(str(exc))
         if problems:
             raise HolderError("; ".join(problems))
 
-    def _exchange(self, cap: Capture) -> list[tuple[int, tuple[memoryview, ...]]]:
-        """Send our snapshot to our buddy, receive the snapshots we keep for others (one gloo group, in order)."""
+    def _send_to_buddy(self, cap: Capture) -> list[tuple[Any, torch.Tensor]]:
+        """Start sending our snapshot's sizes, header and data to our buddy (one gloo group, in order)."""
+        buddy = self.plan.buddy[self.rank]
+        if self.group is None or buddy is None:
+            return []
+        header, data, _ = cap.parts()
+        sizes = torch.tensor([len(header), len(data)], dtype=torch.int64)
+        return [
+            (dist.isend(tensor, buddy, group=self.group), tensor)
+            for tensor in (sizes, _bytes_tensor(header), cap.buffer)
+        ]
+
+    def _receive_from_senders(self) -> list[tuple[int, BlobWriter]]:
+        """The snapshots we keep for others, in the senders' order, each received into its own memfd."""
         if self.group is None:
             return []
-        header, data, digest = cap.parts()
-        pending: list[tuple[Any, torch.Tensor]] = []
-        buddy = self.plan.buddy[self.rank]
-        if buddy is not None:
-            sizes = torch.tensor([len(header), len(data)], dtype=torch.int64)
-            for tensor in (sizes, _bytes_tensor(header), cap.buffer, _bytes_tensor(digest)):
-                pending.append((dist.isend(tensor, buddy, group=self.group), tensor))
         received = []
         for sender in self.plan.senders_to(self.rank):
             sizes = torch.empty(2, dtype=torch.int64)
             dist.recv(sizes, sender, group=self.group)
-            parts = [torch.empty(int(n), dtype=torch.uint8) for n in (*sizes.tolist(), snapshot.DIGEST_BYTES)]
-            for part in parts:
-                dist.recv(part, sender, group=self.group)
-            received.append((sender, tuple(_view(p) for p in parts)))
-        for work, _ in pending:
-            work.wait()
+            header, data = (int(n) for n in sizes.tolist())
+            writer = BlobWriter(header + data + snapshot.DIGEST_BYTES)
+            try:
+                self._receive_into(writer, header, data, sender)
+            except BaseException:
+                writer.close()
+                raise
+            received.append((sender, writer))
         return received
+
+    def _receive_into(self, writer: BlobWriter, header: int, data: int, sender: int) -> None:
+        """Header, data and digest from ``sender`` into ``writer``'s mapping (no tensor views it afterwards)."""
+        if writer.map is None:  # never: the digest alone has bytes
+            raise SnapshotError(f"snapshot from rank {sender}: nothing to receive into")
+        blob = torch.frombuffer(writer.map, dtype=torch.uint8)
+        for begin, end in ((0, header), (header, header + data), (header + data, writer.size)):
+            dist.recv(blob[begin:end], sender, group=self.group)
 
     # -- restoring ------------------------------------------------------------------------------
     def restore(self, training: TrainingState, newest_checkpoint: int | None, device: str = "cpu") -> Loaded | None:

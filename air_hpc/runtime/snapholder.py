@@ -13,12 +13,16 @@ keeps the newest :data:`KEEP_STEPS` steps of each owner: while the ranks put ste
 by one, step ``s`` stays complete.
 
 Wire format, both ways: ``u32 length | JSON header | payload`` where the header's ``nbytes``
-says how long the payload is. Requests: ``put`` (owner, step, info; payload the blob),
-``list``, ``get`` (owner, step; the answer's payload is the blob), ``stats``.
+says how long the payload is. Requests: ``put`` (owner, step, info, size; the blob comes as
+one sealed memfd passed with the frame, :func:`air_hpc.resilience.holder.sealed_memfd`, which
+the holder maps read-only and keeps: one that is not sealed against writes, or is not ``size``
+bytes, is refused), ``list``, ``get`` (owner, step; the answer's payload is the blob), ``stats``.
 """
 
 import contextlib
+import fcntl
 import logging
+import mmap
 import os
 import signal
 import socket
@@ -31,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from air_hpc.resilience.holder import recv_frame, send_frame, socket_path
+from air_hpc.resilience.holder import SEALS, recv_frame, send_frame, socket_path
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +46,7 @@ KEEP_STEPS = 2
 @dataclass
 class _Item:
     info: dict[str, Any]
-    blob: bytearray
+    blob: bytes | bytearray | mmap.mmap
 
 
 class Store:
@@ -52,7 +56,7 @@ class Store:
         self._items: dict[tuple[int, int], _Item] = {}
         self._lock = threading.Lock()
 
-    def put(self, owner: int, step: int, info: dict[str, Any], blob: bytearray) -> None:
+    def put(self, owner: int, step: int, info: dict[str, Any], blob: bytes | bytearray | mmap.mmap) -> None:
         with self._lock:
             self._items[(owner, step)] = _Item(info, blob)
             steps = sorted((s for o, s in self._items if o == owner), reverse=True)
@@ -80,14 +84,24 @@ class _Handler(socketserver.BaseRequestHandler):
         sock: socket.socket = self.request
         with contextlib.suppress(ConnectionError, OSError, ValueError):
             while True:
-                header, payload = recv_frame(sock)
-                self._answer(store, sock, header, payload)
+                fds: list[int] = []
+                try:
+                    header, _ = recv_frame(sock, fds)
+                    self._answer(store, sock, header, fds)
+                finally:
+                    for fd in fds:
+                        os.close(fd)
 
     @staticmethod
-    def _answer(store: Store, sock: socket.socket, header: dict[str, Any], payload: bytearray) -> None:
+    def _answer(store: Store, sock: socket.socket, header: dict[str, Any], fds: list[int]) -> None:
         op = header.get("op")
         if op == "put":
-            store.put(int(header["owner"]), int(header["step"]), dict(header.get("info", {})), payload)
+            try:
+                blob = _sealed_blob(fds, int(header["size"]))
+            except ValueError as exc:
+                send_frame(sock, {"ok": False, "why": str(exc)})
+                return
+            store.put(int(header["owner"]), int(header["step"]), dict(header.get("info", {})), blob)
             send_frame(sock, {"ok": True})
         elif op == "list":
             send_frame(sock, {"ok": True, "items": store.listing()})
@@ -101,6 +115,25 @@ class _Handler(socketserver.BaseRequestHandler):
             send_frame(sock, {"ok": True, "held_bytes": store.held_bytes(), "pid": os.getpid()})
         else:
             send_frame(sock, {"ok": False, "why": f"unknown op {op!r}"})
+
+
+def _sealed_blob(fds: list[int], size: int) -> bytes | mmap.mmap:
+    """The put's memfd mapped read-only, once it is sealed against writes and has ``size`` bytes."""
+    if len(fds) != 1:
+        raise ValueError(f"put needs one memfd with it, got {len(fds)} descriptor(s)")
+    (fd,) = fds
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError as exc:
+        raise ValueError(f"put's descriptor is not a memfd ({exc})") from exc
+    if seals & SEALS != SEALS:
+        raise ValueError("put's memfd is not sealed against writes; refused")
+    actual = os.fstat(fd).st_size
+    if actual != size:
+        raise ValueError(f"put's memfd is {actual} bytes, the request says {size}")
+    if size == 0:
+        return b""
+    return mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
 
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):

@@ -17,7 +17,7 @@ import torch
 from air_hpc.config.layout import ParallelLayout
 from air_hpc.records.events import EventLog, read_events
 from air_hpc.resilience import snapshot
-from air_hpc.resilience.holder import HolderClient, HolderError, socket_path
+from air_hpc.resilience.holder import HolderClient, HolderError, sealed_memfd, socket_path
 from air_hpc.resilience.memory import MemorySnapshots, pick_buddies
 from air_hpc.resilience.snapshot import SnapshotError, SnapshotInfo
 from air_hpc.resilience.training_state import TrainingState
@@ -193,3 +193,19 @@ def test_a_newer_checkpoint_wins_over_older_snapshots(holder: HolderClient) -> N
     assert snaps.restore(_state(), newest_checkpoint=3) is None
     assert snaps.restore(_state(), newest_checkpoint=2) is not None
     snaps.close()
+
+
+def test_holder_refuses_a_memfd_that_is_not_sealed_or_not_the_size_said(holder: HolderClient) -> None:
+    fd, size = sealed_memfd([b"abc", b"de"])
+    with pytest.raises(OSError):
+        os.pwrite(fd, b"x", 0)  # sealed: not even its writer can change a put blob
+    holder.put_memfd(0, 1, {}, fd, size)
+    assert holder.get(0, 1) == bytearray(b"abcde")
+    unsealed = os.memfd_create("test")
+    os.write(unsealed, b"abc")
+    with pytest.raises(HolderError, match="not sealed"):
+        holder.put_memfd(0, 2, {}, unsealed, 3)
+    fd, _ = sealed_memfd([b"abc"])
+    with pytest.raises(HolderError, match="3 bytes, the request says 4"):
+        holder.put_memfd(0, 2, {}, fd, 4)
+    assert [i["step"] for i in holder.listing()] == [1]
