@@ -280,6 +280,9 @@ class Supervisor:
         self._proc: StepProcess | None = None
         self._standby: _Standby | None = None
         self._retired: list[subprocess.Popen[str]] = []
+        self._in_place = 0
+        """In-place restarts of this start so far, which ``resilience.max_restarts`` bounds (moves to spares are
+        bounded by the spares)."""
         self._next: tuple[int, tuple[str, ...], bool] = (1, (), False)
         """The attempt a standby would serve, the nodes it would start on (the step's and the spares), and
         whether a restart is left: a spare, or an in-place restart from the snapshots (without either, a failure
@@ -354,8 +357,9 @@ class Supervisor:
                 failed = failed_nodes(result, hosts, newly_bad, with_spares=bool(res.spare_nodes))
                 no_spare = not failed or len(failed) > len(spares)
                 listed = [n for n in newly_bad if n in set(hosts)]
-                if no_spare and self._restarts_in_place(result, attempt, listed):
+                if no_spare and self._restarts_in_place(result, listed):
                     attempt += 1
+                    self._in_place += 1
                     reason = self._reason(result, code)
                     self._emit(InJobRestart(attempt=attempt, replaced={}, reason=reason, spares_left=list(spares)))
                     log.warning("%s; restarting the step on the same nodes from the in-memory snapshots", reason)
@@ -384,22 +388,22 @@ class Supervisor:
             if holders is not None:
                 holders.stop()
 
-    def _restarts_in_place(self, result: StepResult, attempts: int, newly_bad: Sequence[str] = ()) -> bool:
+    def _restarts_in_place(self, result: StepResult, newly_bad: Sequence[str] = ()) -> bool:
         """A rank crashed on a live node and the snapshot holders keep the state: restart on the same nodes.
 
         Taken where no spare is left to move to (none configured, or all used by earlier restarts of this
         start): a requeue would end the holders and go back to the persistent checkpoint. Only a crash (not a
         hang, whose node may be at fault, nor a node the ranks listed as bad), at most
-        ``resilience.max_restarts`` times a start.
+        ``resilience.max_restarts`` times a start (a crash loop stops there), however many spares were taken before.
         """
-        if not self._in_place_left(attempts):
+        if not self._in_place_left():
             return False
         crashed = result.first_failure is not None and result.verdict is None
         return crashed and not result.dead_nodes and not result.hung and not newly_bad
 
-    def _in_place_left(self, attempts: int) -> bool:
-        """Whether the step of ``attempts`` may still be restarted in place (snapshots on, max_restarts not reached)."""
-        return bool(self.job.checkpoint.memory_interval_steps) and attempts < self.job.resilience.max_restarts
+    def _in_place_left(self) -> bool:
+        """Whether the step may still be restarted in place (snapshots on, max_restarts not reached)."""
+        return bool(self.job.checkpoint.memory_interval_steps) and self._in_place < self.job.resilience.max_restarts
 
     def _start_holders(self, nodes: Sequence[str]) -> Holders | None:
         """The per-node snapshot holders of ``checkpoint.memory_interval_steps`` (spares too), or None when off."""
@@ -425,7 +429,7 @@ class Supervisor:
         )
         proc, join_readers = warm or self._start_srun(attempt, env, failures)
         self._proc = proc
-        self._next = (attempt + 1, (*hosts, *spares), bool(spares) or self._in_place_left(attempt))
+        self._next = (attempt + 1, (*hosts, *spares), bool(spares) or self._in_place_left())
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe")
         try:
             rc, probing, hung = self._watch(proc, gen_dir, hosts, failures, pool)

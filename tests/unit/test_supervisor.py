@@ -294,6 +294,18 @@ def test_with_memory_snapshots_a_crash_after_the_last_spare_restarts_in_place(
     ]
     assert sup._next[2]  # a standby is still wanted for the next in-place restart
 
+    # resilience.max_restarts (3) bounds the in-place restarts, not the move to the spare before them.
+    sup, run_dir, log = supervised(tmp_path / "loop", small_corpus, "crash,crash,crash,crash,ok", spares=1)
+    sup.job = job
+    sup._start_holders = lambda nodes: None  # type: ignore[method-assign]
+    assert sup.run() == ExitCode.OK
+    restarts = [e["replaced"] for e in read_events(run_dir.events) if e["kind"] == "in_job_restart"]
+    assert restarts == [{"n4": "n5"}, {}, {}, {}] and len(log.read_text().splitlines()) == 5
+    sup, run_dir, log = supervised(tmp_path / "looping", small_corpus, "crash,crash,crash,crash,crash,ok", spares=1)
+    sup.job = job
+    sup._start_holders = lambda nodes: None  # type: ignore[method-assign]
+    assert sup.run() == ExitCode.UNHEALTHY and len(log.read_text().splitlines()) == 5  # then the node is blamed
+
     # A hang is not restarted in place (its node may be at fault): with no spare left it requeues.
     sup, run_dir, log = supervised(tmp_path / "hung", small_corpus, "crash,crash,ok", spares=1)
     sup.job = job
