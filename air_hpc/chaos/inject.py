@@ -235,12 +235,12 @@ def ckpt_hang(target: Target, timeout_s: float = 5.0, poll_s: float = 0.005) -> 
 
 
 def _beats_saving(run_dir: RunDir) -> dict[int, tuple[int, int]]:
-    """Rank -> (PID, step) of each rank whose newest beat, in the newest start's directory, is a save."""
-    try:
-        newest = max((d for d in run_dir.heartbeat.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime)
-    except (OSError, ValueError):  # none yet, or one pruned while looked at
-        return {}
-    return {rank: (b.pid, b.step) for rank, b in read_beats(newest).items() if b.phase in SAVE_PHASES}
+    """Rank -> (PID, step) of each rank of the running step whose newest beat is a save.
+
+    The running step is the generation whose beat was written last: a directory's own time is no guide, since
+    the start's directory and a warm standby's change beside it.
+    """
+    return {b.rank: (b.pid, b.step) for b in _step_beats(run_dir).values() if b.phase in SAVE_PHASES}
 
 
 def _saving(checkpoints: Path) -> bool:

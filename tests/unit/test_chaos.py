@@ -1,6 +1,8 @@
 """The fault schedule, the bit-for-bit comparison, each fault's outcome and the campaign's verdict; bad input."""
 
+import itertools
 import json
+import os
 import random
 import subprocess
 from pathlib import Path
@@ -9,12 +11,13 @@ import click
 import pytest
 
 from air_hpc.chaos.campaign import Campaign, CampaignError, _strike, _Watch, run_campaign
-from air_hpc.chaos.inject import Target, check_cluster
+from air_hpc.chaos.inject import Target, _beats_saving, check_cluster
 from air_hpc.chaos.outcome import CampaignResult, Injection, fault_outcome, format_result, outcomes
 from air_hpc.chaos.schedule import FAULT_KINDS, Fault, parse_kinds, plan
 from air_hpc.cli.main import COMMANDS
 from air_hpc.errors import UserError
 from air_hpc.exitcodes import ExitCode
+from air_hpc.health.heartbeat import Heartbeat
 from air_hpc.observe.compare import Comparison, compare_runs, loss_mismatches
 from air_hpc.observe.records import RunRecords, parse_events, parse_steps
 from air_hpc.records.rundir import RunDir
@@ -455,3 +458,21 @@ def test_a_fault_is_never_injected_after_the_run_trained_its_last_step(tmp_path:
 def test_a_fault_is_skipped_when_the_job_ended_first(tmp_path: Path) -> None:
     fake, injection = _strike_one(tmp_path, steps=4, state=JobState.FAILED)
     assert fake.jobs["7"].signals == [] and injection.skipped == "the job had ended (FAILED) before it could strike"
+
+
+def test_a_save_is_seen_in_the_running_step_whatever_directory_changed_last(tmp_path: Path) -> None:
+    """After in-job restarts the heartbeat root holds the start's directory and every attempt's: the running step
+    is the one whose beat was written last, even when another directory was touched after it (the start's
+    records, a warm standby's), which hid every later save from ckpt-hang."""
+    run = RunDir(tmp_path)
+    earlier, later = itertools.count(100.0), itertools.count(200.0)
+    old = Heartbeat(run.heartbeat / "7-0.1", rank=0, host="n1", clock=lambda: next(earlier))
+    old.beat("save", 3)  # a save of the earlier attempt, long over
+    running = Heartbeat(run.heartbeat / "7-0.2", rank=1, host="n2", clock=lambda: next(later))
+    running.beat("save", 12)
+    (run.heartbeat / "7-0" / "holders").mkdir(parents=True)
+    for name, touched in (("7-0.1", 1.0e9), ("7-0.2", 1.1e9), ("7-0", 1.2e9)):  # 7-0 touched after the beats
+        os.utime(run.heartbeat / name, (touched, touched))
+    assert _beats_saving(run) == {1: (running.last.pid, 12)}
+    running.beat("step", 13)
+    assert _beats_saving(run) == {}
