@@ -124,6 +124,11 @@ class LearnedLimits:
         if phase not in self._samples or not self.policy.enabled or seconds <= 0:
             return
         limited = cast(LimitedPhase, phase)
+        if seconds >= self._limits[limited].limit_s:
+            # A silence that reached its limit is a hang (this rank's or a frozen peer's it waited for), which the
+            # watchdog's verdict ends: as a sample it would raise the limit a later hang is caught at (5 x 40 s).
+            log.info("%s of %.1f s reached its limit: a hang, not a sample", phase, seconds)
+            return
         if limited == "step":
             self._steps_seen += 1
             if self._steps_seen <= self.policy.warmup_steps:  # a start's first steps compile and allocate

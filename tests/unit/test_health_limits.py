@@ -322,3 +322,16 @@ def test_a_restart_watches_its_warm_up_with_the_limit_the_starts_before_it_learn
     assert "5 x p99 8 s of 3 warm-up step samples" in step.describe()
     off = LearnedLimits(CAPS, LearnPolicy(enabled=False), read_phase_times(store, SERIES), store)
     assert off.limit_s("step") == CAPS["step"]
+
+
+def test_a_silence_that_reached_its_limit_is_no_sample() -> None:
+    """Ranks waiting in a collective for a frozen peer beat again once the hang is ended: that step is a hang, and
+    learning it would have raised the next warm-up's step limit from 30 s to 5 x 40.6 s (seen in a campaign)."""
+    limits = LearnedLimits(CAPS, POLICY, {WARMUP_STEP: [0.2, 0.3, 0.25], "save": [0.1, 0.1, 0.2]})
+    assert limits.limit_s("step") == 30.0 and limits.limit_s("save") == 30.0
+    limits.observe("step", 40.6)
+    limits.observe("save", 30.0)
+    assert limits.limit_s("step") == 30.0 and limits.limit_s("save") == 30.0
+    assert limits.samples(WARMUP_STEP) == (0.2, 0.3, 0.25) and limits.samples("save") == (0.1, 0.1, 0.2)
+    limits.observe("step", 29.0)  # under the limit: slow, but a step
+    assert limits.samples(WARMUP_STEP)[-1] == 29.0
