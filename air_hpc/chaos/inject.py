@@ -212,15 +212,16 @@ def ckpt_hang(target: Target, timeout_s: float = 5.0, poll_s: float = 0.005) -> 
 
     A phase change is always written to the beat file, so a file that still says a save once the rank is
     stopped proves where it froze; a rank that left the save just before is continued and another save awaited.
-    Only beat files are read while waiting (a save's blocking part may last a few milliseconds); the job's
-    processes are listed once, and again when a beat names a process not in the list (a restart).
+    Only beat files are read while waiting (a save's blocking part may last a few milliseconds); the running
+    step's ranks are listed once, and again when a beat names a process not in the list (a restart). Only its
+    ranks: by task ID alone a snapshot holder or a warm standby would stand for a rank, and no save would match.
     """
     deadline = time.monotonic() + timeout_s
-    ranks = {r.rank: r for r in rank_processes(target.job_id)}
+    ranks = {r.rank: r for r in rank_processes(target.job_id, target.run_dir)}
     while time.monotonic() < deadline:
         saving = _beats_saving(target.run_dir)
         if any(ranks.get(rank) is None or ranks[rank].pid != pid for rank, (pid, _) in saving.items()):
-            ranks = {r.rank: r for r in rank_processes(target.job_id)}
+            ranks = {r.rank: r for r in rank_processes(target.job_id, target.run_dir)}
         candidates = sorted(r for r, (pid, _) in saving.items() if r in ranks and ranks[r].pid == pid)
         if candidates:
             rank = ranks[target.rng.choice(candidates)]
