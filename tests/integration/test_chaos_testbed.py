@@ -67,7 +67,8 @@ class Campaign:
         args += ["--seed", str(seed), "--state-dir", str(testbed.state_dir), "--json", "--timeout-s", "400"]
         sets = [*overrides_for(tmp_path, health_defaults=defaults), *overrides]
         self.code, out, self.err = run_main([*args, *(a for o in sets for a in ("--set", o))])
-        self.result: dict[str, Any] = json.loads(out)
+        self.result: dict[str, Any] = json.loads(out) if out.strip() else {}
+        self.check("nothing_lost" in self.result)  # else the campaign could not go on: stderr says why
 
     def check(self, condition: bool) -> None:
         assert condition, f"exit {self.code}\n{json.dumps(self.result, indent=2)}\nstderr:\n{self.err[-3000:]}"
