@@ -109,11 +109,21 @@ if restart:
 stop = StopRequest.install(["USR2", "TERM", "INT", "HUP"])
 stop.announce_armed(generation_dir(RunDir(run_dir), generation(os.environ)), rank, "USR2")
 (run_dir / f"ready-0-{rank}").touch()
+# The trainer's stop: all ranks agree at a step boundary, so a rank that alone found the shell's record (armed
+# after it) stops the others too, and none leaves before all know (srun would end the rest with SIGTERM).
+agreed = run_dir / "stop-agreed"
 deadline = time.monotonic() + 60
-while not stop.requested and time.monotonic() < deadline:
+while not stop.requested and not agreed.exists() and time.monotonic() < deadline:
     time.sleep(0.05)
-(run_dir / f"stopped-{rank}").write_text(str(stop.signal_name))
-sys.exit(85 if stop.requested else 0)
+if stop.requested and not agreed.exists():
+    (run_dir / f".agreed-{rank}").write_text(str(stop.signal_name))
+    os.replace(run_dir / f".agreed-{rank}", agreed)
+name = stop.signal_name or (agreed.read_text() if agreed.exists() else None)
+(run_dir / f"stopped-{rank}").write_text(str(name))
+everyone = time.monotonic() + 30
+while name and len(list(run_dir.glob("stopped-*"))) < int(os.environ["SLURM_NTASKS"]) and time.monotonic() < everyone:
+    time.sleep(0.05)
+sys.exit(85 if name else 0)
 """
 
 
