@@ -119,7 +119,9 @@ def test_report_equals_sacct_and_the_runs_own_preemptions(testbed: Any, tmp_path
     preempted_events = [e for e in read_jsonl(RunDir(ours.run_dir).events) if e.get("kind") == "preempted"]
     theirs_preempted = sum(r["State"] == "PREEMPTED" for r in rows if r["JobIDRaw"] != ours.job_id)
     assert len(preempted_events) == 1
-    assert total["preemptions"] == len(preempted_events) + theirs_preempted
+    seen = f"report:\n{json.dumps(report, indent=1)}\nsacct:\n{rows}\nstderr:\n{result.stderr}"
+    seen += f"\nevents: {preempted_events}"
+    assert total["preemptions"] == len(preempted_events) + theirs_preempted, seen
     assert total["jobs"] == len({r["JobIDRaw"] for r in rows}) and total["jobs_with_records"] == 1
     assert total["failures"]["application"] >= 1  # `exit 3`
     assert any(w["name"] == "fleet-preempted" and w["ours"] for w in report["worst_jobs"]), report["worst_jobs"]
