@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from air_hpc.config.layout import ParallelLayout
 from air_hpc.errors import ConfigError
+from air_hpc.runtime.rendezvous import wait_for_listener
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,8 @@ def distributed(env: DistEnv, layout: ParallelLayout, backend: Backend, timeout_
             f"the {env.world_size} ranks the launcher started"
         )
     timeout = datetime.timedelta(seconds=timeout_s)
+    if env.rank:
+        wait_for_listener(env.master_addr, env.master_port, timeout_s)
     dist.init_process_group(
         backend=backend,
         init_method=f"tcp://{env.master_addr}:{env.master_port}",
