@@ -1,14 +1,15 @@
 """Warm standby ranks: processes that paid the interpreter's start and the torch/Megatron imports in advance.
 
 With hot spares, a restart inside the job spent most of its time starting Python and
-importing torch and megatron-core again (on the testbed 17 of its 21 s). So once a step
-trains, the supervisor starts, beside it, one standby ``srun`` per healthy node of the
-allocation (the step's nodes and the spares), each with the node's rank slots, running
-``python -m air_hpc.runtime RUN_DIR`` with :data:`STANDBY_ENV` naming a directory. Each such
-process imports what training needs, then waits for ``go.json`` there. At a restart the
-supervisor writes the new rank order (the start's hostfile), then ``go.json`` with the
-environment of the new step; a process whose node and local slot hold a rank in the new
-order becomes that rank (the normal entry, resuming like any start), the others exit 0.
+importing torch and megatron-core again (on the testbed 17 of its 21 s). So once the step's
+ranks are past their imports (at once for ranks that were standbys), the supervisor starts,
+beside the step, one standby ``srun`` per healthy node of the allocation (the step's nodes and
+the spares), each with the node's rank slots, running ``python -m air_hpc.runtime RUN_DIR`` with
+:data:`STANDBY_ENV` naming a directory. Each such process imports what training needs, then
+waits for ``go.json`` there. At a restart the supervisor writes the new rank order (the start's
+hostfile), then ``go.json`` with the environment of the new step; a process whose node and local
+slot hold a rank in the new order becomes that rank (the normal entry, resuming like any start),
+the others exit 0.
 
 Why one ``srun`` per node: a node that dies takes only its own standby with it, and the
 survivors' do not wait for Slurm to time the dead node out before they can end.
@@ -77,6 +78,8 @@ def warm_up() -> None:
     from air_hpc.train import trainer  # noqa: F401
 
     megatron_compat.import_megatron()
+    import torch._dynamo  # noqa: F401  (the optimizer's constructor imports it: ~0.5 s of a restart's model build)
+
     from air_hpc.resilience import checkpointer  # noqa: F401
     from air_hpc.train import loop, model  # noqa: F401
 
