@@ -361,8 +361,9 @@ class ResilienceConfig(Section):
     )
     warm_standby: bool = Field(
         True,
-        description="With resources.spare_nodes: once a step trains, keep a standby process per rank slot on every "
-        "healthy node (interpreter started, torch and megatron-core imported) for an in-job restart to promote.",
+        description="With resources.spare_nodes: once the step's ranks are past their imports, keep a standby process "
+        "per rank slot on every healthy node (interpreter started, torch and megatron-core imported) for an in-job "
+        "restart to promote.",
     )
 
 

@@ -25,15 +25,16 @@ Why each check:
   another node dead (a dead node's ranks report nothing; the survivors fail first).
 - ``srun`` cannot finish a step while one of its nodes is dead: after a task
   failed, every node of the step is probed with a tiny ``srun --overlap``; a
-  node that does not answer in :data:`PROBE_TIMEOUT_S` is dead, and ``srun`` is
+  node that does not answer in time (``runtime.probe``: a few times the live nodes' answer, at
+  most :data:`PROBE_TIMEOUT_S`) is dead, and ``srun`` is
   ended instead of waiting for Slurm to time the node out.
 - A step where no rank beats for the backstop time (every process frozen, or
   the filesystem gone) is stopped as hung: the backstop to the ranks' own watchdogs.
 
-With spares, once a step trains, warm standby ranks (``runtime.standby``: one ``srun`` per healthy
-node, interpreter started and torch/megatron-core imported) wait beside it; a restart promotes
-them instead of starting a new ``srun`` (``resilience.warm_standby``), which saves the start's
-interpreter and imports, most of a restart.
+With spares, once the step's ranks are past their imports, warm standby ranks (``runtime.standby``:
+one ``srun`` per healthy node, interpreter started and torch/megatron-core imported) wait beside
+it; a restart promotes them instead of starting a new ``srun`` (``resilience.warm_standby``), which
+saves the start's interpreter and imports, most of a restart.
 
 A stop signal (preemption, time limit) is forwarded to ``srun``; the step then
 saves and exits with its requeue code, which goes back to the batch script:
@@ -63,7 +64,6 @@ from air_hpc.config.models import JobConfig
 from air_hpc.errors import AirHpcError, TopologyError
 from air_hpc.exitcodes import REQUEUE_WORTHY, ExitCode
 from air_hpc.health.badnodes import append_bad_nodes, read_bad_nodes
-from air_hpc.health.heartbeat import read_beats
 from air_hpc.ownership.attempts import fence_settled
 from air_hpc.records.events import (
     EventLog,
@@ -430,6 +430,8 @@ class Supervisor:
         proc, join_readers = warm or self._start_srun(attempt, env, failures)
         self._proc = proc
         self._next = (attempt + 1, (*hosts, *spares), bool(spares) or self._in_place_left())
+        if warm:
+            self._start_standby(gen_dir, imported=True)
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe")
         try:
             rc, probing, hung = self._watch(proc, gen_dir, hosts, failures, pool)
@@ -475,12 +477,14 @@ class Supervisor:
         res = self.job.resources
         return bool(self.job.resilience.warm_standby and res.spare_nodes and Path(self.srun_argv[0]).name == "srun")
 
-    def _start_standby(self, gen_dir: Path) -> None:
-        """Once the step trains (a rank beat in a step), start the standbys for the next attempt on its nodes."""
+    def _start_standby(self, gen_dir: Path, imported: bool = False) -> None:
+        """Once the step's ranks are past their imports (promoted standbys, or a rank beat), start the standbys for
+        the next attempt on its nodes: a fault soon after a restart then finds them further on (their imports
+        compete only with the step's own set-up and training, not with its imports)."""
         if not self.warm_standby or self._standby is not None or self.stopping:
             return
         attempt, nodes, restart_left = self._next
-        if not restart_left or not any(beat.phase == "step" for beat in read_beats(gen_dir).values()):
+        if not restart_left or not (imported or any(gen_dir.glob(BEAT_GLOB))):
             return
         directory = self.start_dir / f"standby-{attempt}"
         remove_tree(directory)
@@ -591,7 +595,7 @@ class Supervisor:
         return newest is not None and time.time() - newest > self.backstop_s
 
     def probe_dead(self, hosts: Sequence[str]) -> tuple[str, ...]:
-        """The hosts where a tiny step does not finish in :data:`PROBE_TIMEOUT_S`."""
+        """The hosts where a tiny step does not finish in time (at most :data:`PROBE_TIMEOUT_S`)."""
         return probe_dead(self.client, self.job_id, hosts, PROBE_TIMEOUT_S)
 
     def _end_step(self) -> None:
