@@ -8,17 +8,12 @@ start used (a process left over from it might still hold it). Where the batch sc
 0's node it also checks that the port can be bound, and takes the next one in the span that can,
 before it publishes MASTER_PORT to the ranks: a taken port is replaced, not retried into a crash loop.
 The in-job supervisor does the same before it restarts a step (:func:`free_port_from`).
-
-The other ranks connect only once rank 0 listens (:func:`wait_for_listener`): torch's store client
-backs off for about half a second after a refused connection, so a rank that came a few
-milliseconds before rank 0's store cost every start (and every in-job restart) that much.
 """
 
 import contextlib
 import errno
 import logging
 import socket
-import time
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
@@ -33,10 +28,6 @@ RESTART_STRIDE = 6007
 
 #: How many ports on from the derived one a start tries before it gives up looking.
 PORTS_TRIED = 64
-#: :func:`wait_for_listener` tries again after this long, doubling up to :data:`LISTENER_POLL_MAX_S`.
-LISTENER_POLL_S = 0.005
-#: The longest pause between two tries: what a rank adds at most, and all ranks' tries stay a few per second.
-LISTENER_POLL_MAX_S = 0.1
 
 
 def master_port(job_id: int, restart_count: int = 0) -> int:
@@ -81,34 +72,3 @@ def free_port_from(first: int, bindable: Callable[[int], bool] = can_bind) -> in
             return port
     log.warning("ports %d and the %d after it are all taken here; rank 0 tries %d", first, PORTS_TRIED - 1, first)
     return first
-
-
-def wait_for_listener(
-    host: str,
-    port: int,
-    timeout_s: float,
-    connect: Callable[[str, int], None] | None = None,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> bool:
-    """Whether ``host:port`` accepted a connection within ``timeout_s`` (tried with a growing pause).
-
-    A refused or failed try is tried again; after ``timeout_s`` the caller connects anyway and torch's
-    own error names what is wrong (a wrong address, a rank 0 that never came).
-    """
-    connect = connect or _connect_and_close
-    deadline = clock() + timeout_s
-    pause = LISTENER_POLL_S
-    while True:
-        try:
-            connect(host, port)
-            return True
-        except OSError:
-            if clock() >= deadline:
-                return False
-        sleep(pause)
-        pause = min(pause * 2, LISTENER_POLL_MAX_S)
-
-
-def _connect_and_close(host: str, port: int) -> None:
-    socket.create_connection((host, port), timeout=1.0).close()

@@ -9,17 +9,23 @@ them to :func:`distributed` keeps their lifetime explicit and testable.
 import contextlib
 import datetime
 import logging
-from collections.abc import Iterator, Sequence
+import socket
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from air_hpc.config.layout import ParallelLayout
 from air_hpc.errors import ConfigError
-from air_hpc.runtime.rendezvous import wait_for_listener
 
 log = logging.getLogger(__name__)
 
 Backend = Literal["gloo", "nccl"]
+
+#: :func:`wait_for_listener` tries again after this long, doubling up to :data:`LISTENER_POLL_MAX_S`.
+LISTENER_POLL_S = 0.005
+#: The longest pause between two tries: what a rank adds at most, and all ranks' tries stay a few per second.
+LISTENER_POLL_MAX_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -174,3 +180,37 @@ def seed(ctx: ParallelContext, value: int) -> None:
     random.seed(stage_seed)
     np.random.seed(stage_seed)
     torch.manual_seed(stage_seed)
+
+
+def wait_for_listener(
+    host: str,
+    port: int,
+    timeout_s: float,
+    connect: Callable[[str, int], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Whether ``host:port`` accepted a connection within ``timeout_s`` (tried with a growing pause).
+
+    The ranks other than 0 connect to rank 0's store only once it listens: torch's store client backs off
+    for about half a second after a refused connection, so a rank that came a few milliseconds before
+    rank 0's store cost every start (and every in-job restart) that much. A refused or failed try is tried
+    again; after ``timeout_s`` the caller connects anyway and torch's own error names what is wrong (a wrong
+    address, a rank 0 that never came).
+    """
+    connect = connect or _connect_and_close
+    deadline = clock() + timeout_s
+    pause = LISTENER_POLL_S
+    while True:
+        try:
+            connect(host, port)
+            return True
+        except OSError:
+            if clock() >= deadline:
+                return False
+        sleep(pause)
+        pause = min(pause * 2, LISTENER_POLL_MAX_S)
+
+
+def _connect_and_close(host: str, port: int) -> None:
+    socket.create_connection((host, port), timeout=1.0).close()

@@ -1,5 +1,8 @@
 """Who a rank is: Slurm/submitit environment parsing, placement rank order, chunk stage roles."""
 
+import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -8,7 +11,14 @@ from air_hpc.config.layout import ParallelLayout
 from air_hpc.errors import ConfigError
 from air_hpc.runtime.entry import current_dist_env, dist_env_from_slurm
 from air_hpc.runtime.rendezvous import master_port
-from air_hpc.train.parallel import DistEnv, ParallelContext, apply_rank_order, rank_from_hostfile
+from air_hpc.train.parallel import (
+    LISTENER_POLL_MAX_S,
+    DistEnv,
+    ParallelContext,
+    apply_rank_order,
+    rank_from_hostfile,
+    wait_for_listener,
+)
 
 SLURM = {
     "SLURM_PROCID": "3",
@@ -67,3 +77,45 @@ def test_virtual_stages_first_and_last_chunks() -> None:
 def test_derived_master_ports_stay_below_the_ephemeral_range() -> None:
     """Linux hands out 32768-60999 to outgoing connections; a derived port there may be taken (EADDRINUSE)."""
     assert max(master_port(job_id) for job_id in range(100_000)) < 32768
+
+
+def test_a_rank_connects_once_rank_0_listens_not_after_torchs_backoff() -> None:
+    """Rank 0's store comes 0.2 s after the rank asked: the rank goes on within a pause of it (torch's own
+    client, refused, waited about half a second more on the testbed)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+    def listen_later() -> None:
+        time.sleep(0.2)
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
+
+    later = threading.Thread(target=listen_later)
+    started = time.monotonic()
+    later.start()
+    try:
+        assert wait_for_listener("127.0.0.1", port, timeout_s=10)
+        waited = time.monotonic() - started
+    finally:
+        later.join()
+        listener.close()
+    assert 0.2 <= waited < 0.2 + LISTENER_POLL_MAX_S + 0.2
+
+
+def test_nobody_listening_gives_up_at_the_timeout_with_growing_pauses() -> None:
+    now = [0.0]
+    pauses: list[float] = []
+
+    def refused(host: str, port: int) -> None:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        now[0] += seconds
+
+    assert not wait_for_listener("n1", 20001, 2.0, connect=refused, clock=lambda: now[0], sleep=sleep)
+    assert now[0] >= 2.0
+    assert pauses[:3] == [0.005, 0.01, 0.02] and max(pauses) == LISTENER_POLL_MAX_S
