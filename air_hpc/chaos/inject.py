@@ -1,9 +1,10 @@
 """One injector per fault kind; each strikes the job once and says what it hit.
 
 Processes are signalled only after proving they belong to the job: a rank is a
-process whose parent is ``slurmstepd`` and whose environment names this job id
-and a task rank; it is remembered by PID and start time and checked again
-right before the signal, so a recycled PID is never hit.
+process whose environment names this job id and a task rank, and whose parent is
+``slurmstepd`` (a task) or, for the ranks of a running step, whose PID its heartbeat
+names (a warm standby forks its node's ranks); it is remembered by PID and start time
+and checked again right before the signal, so a recycled PID is never hit.
 """
 
 import logging
@@ -113,7 +114,7 @@ def rank_processes(job_id: str, run_dir: RunDir | None = None) -> list[RankProce
             slurm = SlurmEnv.from_environ(proc.environ())
             if slurm.job_id != job_id or slurm.step_id is None or slurm.procid is None:
                 continue
-            if psutil.Process(proc.info["ppid"]).name() != "slurmstepd":
+            if beats is None and psutil.Process(proc.info["ppid"]).name() != "slurmstepd":
                 continue
             rank = beats[proc.info["pid"]].rank if beats is not None else slurm.procid
             found.append(RankProcess(rank, proc.info["pid"], proc.info["create_time"], slurm.nodename or "?"))

@@ -47,7 +47,7 @@ def exit_now(code: int) -> None:
 if __name__ == "__main__":
     if standby.standby_dir(os.environ) is not None:  # a warm standby: it holds the stop signals once told to go
         pause_gc()
-        exit_now(standby.main(lambda: main(sys.argv[1:])))
+        exit_now(standby.main(lambda: main(sys.argv[1:]), exit_now))
     hold_stop_signals()  # first: until the trainer's handler is armed, a stop signal waits instead of killing
     pause_gc()  # before the imports: the trainer resumes it once the model is built
     exit_now(main(sys.argv[1:]))

@@ -1,33 +1,45 @@
-"""Warm standby ranks: processes that paid the interpreter's start and the torch/Megatron imports in advance.
+"""Warm standby ranks: a process per node that paid the interpreter's start and the torch/Megatron imports in
+advance, and forks the node's ranks when a restart needs them.
 
 With hot spares, a restart inside the job spent most of its time starting Python and
 importing torch and megatron-core again (on the testbed 17 of its 21 s). So once the step's
 ranks are past their imports (at once for ranks that were standbys), the supervisor starts,
 beside the step, one standby ``srun`` per healthy node of the allocation (the step's nodes and
-the spares), each with the node's rank slots, running ``python -m air_hpc.runtime RUN_DIR`` with
-:data:`STANDBY_ENV` naming a directory. Each such process imports what training needs, then
-waits for ``go.json`` there. At a restart the supervisor writes the new rank order (the start's
-hostfile), then ``go.json`` with the environment of the new step; a process whose node and local
-slot hold a rank in the new order becomes that rank (the normal entry, resuming like any start),
-the others exit 0.
+the spares): one task with the CPUs of the node's rank slots, running ``python -m air_hpc.runtime
+RUN_DIR`` with :data:`STANDBY_ENV` naming a directory. It imports what training needs, then waits
+for ``go.json`` there. At a restart the supervisor writes the new rank order (the start's
+hostfile), then ``go.json`` with the environment of the new step; the standby forks one process
+per slot the new order gives its node (``SLURM_LOCALID`` 0, 1, ...), each the normal entry,
+resuming like any start; a node without a slot leaves (exit 0).
+
+Why one process that forks, not one per slot: the imports cost 2-3 CPU seconds each, paid once
+per node instead of once per rank (on an 8-GPU node, 8 times less CPU while the step trains
+beside it, and the imported pages are shared). Towards ``srun`` the standby is the node's one
+task: it passes a stop signal to its ranks, and when one fails it ends the others and fails as
+that one did (``--kill-on-bad-exit`` within the node; the supervisor ends the other nodes).
 
 Why one ``srun`` per node: a node that dies takes only its own standby with it, and the
 survivors' do not wait for Slurm to time the dead node out before they can end.
 A standby ends on any stop signal (the job ends, or the supervisor no longer needs it);
-once told to go, it holds them like any rank from its first line.
+once told to go, its ranks hold them like any rank from their first line.
 """
 
+import contextlib
+import ctypes
 import json
 import logging
 import os
 import signal
+import sys
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 
 from air_hpc.records.files import atomic_write, touch
 from air_hpc.resilience.signals import STOP_SIGNALS, hold_stop_signals
+from air_hpc.slurm import env as slurm_env
 from air_hpc.slurm.env import SlurmEnv
 
 log = logging.getLogger(__name__)
@@ -37,10 +49,12 @@ STANDBY_ENV = "AIR_HPC_STANDBY_DIR"
 #: Set in a promoted standby's environment: when it was told to go (its start-up clock's origin).
 STARTED_AT_ENV = "AIR_HPC_STARTED_AT_S"
 GO_FILE = "go.json"
-#: A standby touches ``ready-<node>-<local id>`` once warm (for the supervisor's log and the tests).
+#: A standby touches ``ready-<node>`` once warm (for the supervisor's log and the tests).
 READY_PREFIX = "ready-"
 #: How often a standby looks for its go (a stat; the restart waits at most this long for it).
 GO_POLL_S = 0.01
+#: After a rank exited with a code, the node's other ranks get this long to leave by themselves before SIGKILL.
+RANK_GRACE_S = 2.0
 
 
 def standby_dir(environ: Mapping[str, str]) -> Path | None:
@@ -90,18 +104,18 @@ def wait_for_go(directory: Path) -> dict[str, str]:
     return env
 
 
-def promoted(environ: Mapping[str, str], go: Mapping[str, str]) -> bool:
-    """Whether this process's node and local slot hold a rank in the go's rank order (its hostfile)."""
+def rank_slots(environ: Mapping[str, str], go: Mapping[str, str]) -> int:
+    """How many ranks the go's rank order (its hostfile) places on this process's node."""
     slurm = SlurmEnv.from_environ({**environ, **go})
-    if slurm.hostfile is None or slurm.localid is None:
-        return False
+    if slurm.hostfile is None:
+        return 0
     hosts = [line.strip() for line in slurm.hostfile.read_text().splitlines() if line.strip()]
-    host = slurm.nodename or ""
-    return slurm.localid < hosts.count(host)
+    return hosts.count(slurm.nodename or "")
 
 
-def main(run: Callable[[], int]) -> int:
-    """A standby's life: warm up, wait, then run as a rank (``run``) or leave."""
+def main(run: Callable[[], int], leave: Callable[[int], None]) -> int:
+    """A standby's life: warm up, wait, then fork the node's ranks (each runs ``run`` and ends by ``leave``)
+    and return as they did, or leave at once when the new order has no slot here."""
     directory = standby_dir(os.environ)
     if directory is None:
         raise ValueError(f"{STANDBY_ENV} is not set")
@@ -109,11 +123,95 @@ def main(run: Callable[[], int]) -> int:
         signal.signal(signum, _leave)
     warm_up()
     slurm = SlurmEnv.from_environ(os.environ)
-    touch(directory / f"{READY_PREFIX}{slurm.nodename or 'local'}-{slurm.localid or 0}")
+    touch(directory / f"{READY_PREFIX}{slurm.nodename or 'local'}")
     go = wait_for_go(directory)
-    hold_stop_signals()  # from here a rank: a stop waits for the trainer's handler
-    if not promoted(os.environ, go):
+    hold_stop_signals()  # from here the ranks' signals: a stop waits for a rank's handler, or for the forwarding
+    slots = rank_slots(os.environ, go)
+    if not slots:
         return 0
     os.environ.update(go)
     del os.environ[STANDBY_ENV]
-    return run()
+    ranks = [_fork_rank(local_id, run, leave) for local_id in range(slots)]
+    return _wait_for_ranks(ranks)
+
+
+def _fork_rank(local_id: int, run: Callable[[], int], leave: Callable[[int], None]) -> int:
+    """One rank in a child process (the node's ``local_id``-th slot); returns its PID in the standby."""
+    standby = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        _die_with_parent(standby)
+        for signum in STOP_SIGNALS:  # as a rank's first line has them: held, with their default action
+            signal.signal(signum, signal.SIG_DFL)
+        os.environ[slurm_env.LOCALID] = os.environ[slurm_env.PROCID] = str(local_id)
+        code = run()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # the child must never return into the standby's code
+        traceback.print_exc()
+    leave(code)
+    os._exit(code)  # ``leave`` exits; this only guards a ``leave`` that returned
+
+
+def _wait_for_ranks(pids: list[int]) -> int:
+    """Pass stop signals on to the ranks until all ended; return as the first that failed did.
+
+    A rank killed by a signal ends the others at once (a crash: they would wait for it in a collective);
+    after a rank exited with a code (a verdict the ranks agreed on, or an error) the others get
+    :data:`RANK_GRACE_S` to leave by themselves. A signal's death is passed on as this process's own,
+    so that srun reports the node's task killed as the rank was.
+    """
+    running = set(pids)
+
+    def forward(signum: int, frame: object) -> None:
+        for pid in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    def kill_the_rest() -> None:
+        for pid in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    failed: int | None = None
+    kill_at: float | None = None
+    while running:
+        pid, status = os.waitpid(-1, 0 if kill_at is None else os.WNOHANG)
+        if pid == 0:  # within the grace: nobody ended yet
+            if time.monotonic() >= (kill_at or 0.0):
+                kill_the_rest()
+                kill_at = None
+            time.sleep(GO_POLL_S)
+            continue
+        if pid not in running:
+            continue
+        running.discard(pid)
+        code = os.waitstatus_to_exitcode(status)
+        if code and failed is None:
+            failed = code
+            log.warning("standby rank %d ended with %d: ending the node's other ranks", pid, code)
+            if code < 0:
+                kill_the_rest()
+            else:
+                kill_at = time.monotonic() + RANK_GRACE_S
+    if failed is not None and failed < 0:
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP keep theirs
+            signal.signal(-failed, signal.SIG_DFL)
+        sys.stderr.flush()
+        os.kill(os.getpid(), -failed)
+        return 128 - failed
+    return failed or 0
+
+
+def _die_with_parent(parent: int) -> None:
+    """A rank ends with its standby (PR_SET_PDEATHSIG), as a task ends with its slurmstepd."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+    if os.getppid() != parent:  # the standby ended before the request took hold
+        os._exit(1)

@@ -228,9 +228,13 @@ def unique(hosts: Iterable[str]) -> tuple[str, ...]:
 
 
 def standby_argv(srun_argv: Sequence[str], node: str, tasks_per_node: int) -> list[str]:
-    """The step's ``srun`` as one node's warm standby (``runtime.standby``): the node's rank slots, beside the step."""
-    rest = [a for a in srun_argv[1:] if not a.startswith(("--ntasks=", "--distribution=", "--nodes=", "--nodelist="))]
-    return [srun_argv[0], "--overlap", "--nodes=1", f"--ntasks={tasks_per_node}", f"--nodelist={node}", *rest]
+    """The step's ``srun`` as one node's warm standby (``runtime.standby``) beside the step: one task with the CPUs
+    of the node's rank slots, which forks the ranks."""
+    placement = ("--ntasks=", "--distribution=", "--nodes=", "--nodelist=", "--cpus-per-task=")
+    rest = [a for a in srun_argv[1:] if not a.startswith(placement)]
+    cpus = [a.removeprefix("--cpus-per-task=") for a in srun_argv[1:] if a.startswith("--cpus-per-task=")]
+    per_task = [f"--cpus-per-task={int(cpus[-1]) * tasks_per_node}"] if cpus and cpus[-1].isdigit() else []
+    return [srun_argv[0], "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}", *per_task, *rest]
 
 
 @dataclass

@@ -31,8 +31,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "configs" / "jobs" / "gpt-tiny-testbed.yaml"
-#: Rank slots of gpt-tiny-testbed's 2 nodes and the spare: 2 tasks each.
-SLOTS = 6
+#: gpt-tiny-testbed's 2 nodes and the spare: one warm standby each.
+STANDBY_NODES = 3
 
 
 def wait_for(what: str, condition: Any, timeout_s: float = 600) -> None:
@@ -64,11 +64,11 @@ class Watch:
         return max((int(r["step"]) for r in self.metrics()), default=0)
 
     def standby_ready(self) -> bool:
-        """Every rank slot of the step's nodes and the spare has a warm standby (``runtime.standby``)."""
+        """Every node of the step and the spare has a warm standby (``runtime.standby``)."""
         from air_hpc.runtime.standby import READY_PREFIX
 
         ready = [len(list(d.glob(f"{READY_PREFIX}*"))) for d in self.run_dir.heartbeat.glob("*/standby-*")]
-        return max(ready, default=0) >= SLOTS
+        return max(ready, default=0) >= STANDBY_NODES
 
     def wait_past(self, kind: str) -> None:
         """Until the running step has a ``kind`` event and has trained a step after it."""

@@ -7,14 +7,16 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from air_hpc.runtime.standby import (
+    RANK_GRACE_S,
     STANDBY_ENV,
     STARTED_AT_ENV,
-    promoted,
+    rank_slots,
     read_go,
     wait_for_go,
     write_go,
@@ -36,14 +38,14 @@ SRUN = [
 ]
 
 
-def test_a_standby_srun_holds_one_node_s_rank_slots_beside_the_step() -> None:
+def test_a_standby_srun_is_one_task_with_the_cpus_of_a_node_s_rank_slots_beside_the_step() -> None:
     assert standby_argv(SRUN, "n3", 2) == [
         "srun",
         "--overlap",
         "--nodes=1",
-        "--ntasks=2",
+        "--ntasks=1",
         "--nodelist=n3",
-        "--cpus-per-task=1",
+        "--cpus-per-task=2",
         "--kill-on-bad-exit=1",
         "--label",
         "python",
@@ -51,6 +53,8 @@ def test_a_standby_srun_holds_one_node_s_rank_slots_beside_the_step() -> None:
         "air_hpc.runtime",
         "/runs/x",
     ]
+    bare = [a for a in SRUN if not a.startswith("--cpus-per-task=")]
+    assert "--cpus-per-task" not in " ".join(standby_argv(bare, "n3", 2))  # Slurm's default, as the step had
 
 
 def test_go_carries_an_environment_and_nothing_else(tmp_path: Path) -> None:
@@ -63,17 +67,16 @@ def test_go_carries_an_environment_and_nothing_else(tmp_path: Path) -> None:
         read_go(tmp_path)
 
 
-def test_a_standby_becomes_a_rank_only_where_the_new_order_has_its_slot(tmp_path: Path) -> None:
+def test_a_standby_forks_as_many_ranks_as_the_new_order_gives_its_node(tmp_path: Path) -> None:
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("n1\nn1\nn3\nn3\n")  # n2 failed, the spare n3 took its ranks
     go = {"SLURM_HOSTFILE": str(hostfile)}
 
-    def on(node: str, local: int) -> bool:
-        return promoted({"SLURMD_NODENAME": node, "SLURM_LOCALID": str(local)}, go)
+    def slots(node: str) -> int:
+        return rank_slots({"SLURMD_NODENAME": node}, go)
 
-    assert on("n1", 0) and on("n1", 1) and on("n3", 1)
-    assert not on("n2", 0) and not on("n4", 0) and not on("n1", 2)
-    assert not promoted({"SLURMD_NODENAME": "n1", "SLURM_LOCALID": "0"}, {})
+    assert (slots("n1"), slots("n2"), slots("n3"), slots("n4")) == (2, 0, 2, 0)
+    assert rank_slots({"SLURMD_NODENAME": "n1"}, {}) == 0
 
 
 def _sh(code: str) -> "subprocess.Popen[str]":
@@ -103,34 +106,91 @@ def test_a_group_ends_when_all_end_and_keeps_only_the_nodes_asked_for() -> None:
     assert group.alive("n1") is False and group.alive("n3") is False
 
 
-def test_a_standby_process_leaves_on_a_stop_and_runs_as_a_rank_once_told(tmp_path: Path) -> None:
-    """In a process of its own, as srun starts it: warm up, wait, leave on SIGTERM; a second one is promoted."""
-    script = textwrap.dedent(
-        """
-        import sys
-        from air_hpc.runtime import standby
-        standby.warm_up = lambda: None  # the imports are the real ones' business; this checks the protocol
-        sys.exit(standby.main(lambda: print("rank", flush=True) or 7))
-        """
-    )
-    hostfile = tmp_path / "hostfile"
-    hostfile.write_text("n1\n")
-    env = {**os.environ, STANDBY_ENV: str(tmp_path), "SLURMD_NODENAME": "n1", "SLURM_LOCALID": "0"}
-    leaving = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+STANDBY_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from air_hpc.runtime import standby
+    standby.warm_up = lambda: None  # the imports are the real ones' business; this checks the protocol
+
+    def rank():
+        local = os.environ["SLURM_LOCALID"]
+        os.write(1, f"rank {local} {os.environ.get('MARK')}\\n".encode())  # one write: lines do not interleave
+        how = os.environ.get("RANKS", "exit")
+        if how == "exit":
+            return 7
+        if how == "stop":  # as the trainer: handle the stop, then leave with the requeue code
+            signal.signal(signal.SIGUSR1, lambda *_: sys.exit(85))
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR1])
+            open(os.path.join(os.environ["OUT"], "armed-" + local), "w").close()
+            time.sleep(60)
+        if how == "die" and local == "1":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if how == "verdict" and local == "0":
+            return 86
+        time.sleep(60)
+
+    def leave(code):
+        sys.stdout.flush()
+        os._exit(code)
+
+    sys.exit(standby.main(rank, leave))
+    """
+)
+
+
+def _standby(tmp_path: Path, node: str, **env: str) -> "subprocess.Popen[str]":
+    environ = {**os.environ, STANDBY_ENV: str(tmp_path), "SLURMD_NODENAME": node, "OUT": str(tmp_path), **env}
+    return subprocess.Popen([sys.executable, "-c", STANDBY_SCRIPT], env=environ, stdout=subprocess.PIPE, text=True)
+
+
+def _wait_for(what: str, ready: Callable[[], bool]) -> None:
     deadline = time.monotonic() + 30
-    while not (tmp_path / "ready-n1-0").exists():
-        assert leaving.poll() is None and time.monotonic() < deadline, "the standby never got ready"
+    while not ready():
+        assert time.monotonic() < deadline, what
         time.sleep(0.05)
+
+
+def test_a_standby_leaves_on_a_stop_and_forks_the_ranks_once_told(tmp_path: Path) -> None:
+    """In a process of its own, as srun starts it: warm up, wait, leave on SIGTERM; a second one forks the node's
+    two ranks with the go's environment; a third, on a node the new order leaves out, leaves."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("n1\nn1\n")
+    leaving = _standby(tmp_path, "n1")
+    _wait_for("the standby to get ready", lambda: (tmp_path / "ready-n1").exists())
     leaving.send_signal(signal.SIGTERM)
     assert leaving.wait(timeout=20) == 0
-    rank = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+    standby = _standby(tmp_path, "n1")
+    write_go(tmp_path, {"SLURM_HOSTFILE": str(hostfile), "MARK": "go"})
+    out, _ = standby.communicate(timeout=20)
+    assert standby.returncode == 7 and sorted(out.splitlines()) == ["rank 0 go", "rank 1 go"]
+    spare = _standby(tmp_path, "n9")
+    out, _ = spare.communicate(timeout=20)
+    assert spare.returncode == 0 and out == ""
+
+
+def test_a_standby_passes_a_stop_to_its_ranks_and_fails_as_its_first_failed_rank(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("n1\nn1\n")
     write_go(tmp_path, {"SLURM_HOSTFILE": str(hostfile)})
-    out, _ = rank.communicate(timeout=20)
-    assert rank.returncode == 7 and out == "rank\n"
-    spare = subprocess.run(
-        [sys.executable, "-c", script], env={**env, "SLURMD_NODENAME": "n9"}, capture_output=True, text=True
-    )
-    assert spare.returncode == 0 and spare.stdout == ""
+    stopped = _standby(tmp_path, "n1", RANKS="stop")
+    _wait_for("both ranks to arm", lambda: len(list(tmp_path.glob("armed-*"))) == 2)
+    stopped.send_signal(signal.SIGUSR1)
+    assert stopped.wait(timeout=20) == 85  # each rank took the stop itself
+    # A rank killed outright: the other is ended, and srun sees the node's task killed as that rank was.
+    dying = _standby(tmp_path, "n1", RANKS="die")
+    assert dying.wait(timeout=20) == -signal.SIGKILL
+    _wait_for("no rank left behind", lambda: not _children_of(dying.pid))
+    # A rank that exited with a code: the other, frozen, is ended after the grace, and the code goes on.
+    started = time.monotonic()
+    verdict = _standby(tmp_path, "n1", RANKS="verdict")
+    assert verdict.wait(timeout=20) == 86
+    assert time.monotonic() - started >= RANK_GRACE_S
+
+
+def _children_of(pid: int) -> list[int]:
+    import psutil
+
+    return [p.pid for p in psutil.process_iter(["ppid"]) if p.info["ppid"] == pid]
 
 
 def test_a_warm_standby_builds_its_model_and_optimizer_without_importing_anything() -> None:
