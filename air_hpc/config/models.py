@@ -361,9 +361,9 @@ class ResilienceConfig(Section):
     )
     warm_standby: bool = Field(
         True,
-        description="With resources.spare_nodes: once the step's ranks are past their imports, keep a standby process "
-        "per rank slot on every healthy node (interpreter started, torch and megatron-core imported) for an in-job "
-        "restart to promote.",
+        description="With resources.spare_nodes: from the step's start keep a standby process on every healthy node "
+        "(interpreter started, torch and megatron-core imported at the lowest CPU priority) that forks the node's "
+        "ranks for an in-job restart.",
     )
 
 

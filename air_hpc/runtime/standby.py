@@ -2,15 +2,15 @@
 advance, and forks the node's ranks when a restart needs them.
 
 With hot spares, a restart inside the job spent most of its time starting Python and
-importing torch and megatron-core again (on the testbed 17 of its 21 s). So once the step's
-ranks are past their imports (at once for ranks that were standbys), the supervisor starts,
-beside the step, one standby ``srun`` per healthy node of the allocation (the step's nodes and
-the spares): one task with the CPUs of the node's rank slots, running ``python -m air_hpc.runtime
-RUN_DIR`` with :data:`STANDBY_ENV` naming a directory. It imports what training needs, then waits
-for ``go.json`` there. At a restart the supervisor writes the new rank order (the start's
-hostfile), then ``go.json`` with the environment of the new step; the standby forks one process
-per slot the new order gives its node (``SLURM_LOCALID`` 0, 1, ...), each the normal entry,
-resuming like any start; a node without a slot leaves (exit 0).
+importing torch and megatron-core again (on the testbed 17 of its 21 s). So with each step the
+supervisor starts, beside it, one standby ``srun`` per healthy node of the allocation (the step's
+nodes and the spares): one task with the CPUs of the node's rank slots, running ``python -m
+air_hpc.runtime RUN_DIR`` with :data:`STANDBY_ENV` naming a directory. It imports what training
+needs at the lowest CPU priority (:func:`warm_up_in_background`), then waits for ``go.json``
+there. At a restart the supervisor writes the new rank order (the start's hostfile), then
+``go.json`` with the environment of the new step; the standby forks one process per slot the new
+order gives its node (``SLURM_LOCALID`` 0, 1, ...), each the normal entry, resuming like any
+start; a node without a slot leaves (exit 0).
 
 Why one process that forks, not one per slot: the imports cost 2-3 CPU seconds each, paid once
 per node instead of once per rank (on an 8-GPU node, 8 times less CPU while the step trains
@@ -31,6 +31,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -53,6 +54,8 @@ GO_FILE = "go.json"
 READY_PREFIX = "ready-"
 #: How often a standby looks for its go (a stat; the restart waits at most this long for it).
 GO_POLL_S = 0.01
+#: The warm-up's nice value: its imports take only the CPU the step leaves idle.
+WARM_UP_NICE = 19
 #: After a rank exited with a code, the node's other ranks get this long to leave by themselves before SIGKILL.
 RANK_GRACE_S = 2.0
 
@@ -98,6 +101,31 @@ def warm_up() -> None:
     from air_hpc.train import loop, model  # noqa: F401
 
 
+def warm_up_in_background(imports: Callable[[], None]) -> None:
+    """Run ``imports`` in a thread at the lowest CPU priority and wait for it.
+
+    The standby starts beside a step that is starting or training and should take only the CPU they leave
+    idle. Linux's nice value is per thread, and raising it needs no privilege but lowering it again does: the
+    thread that imports is niced, the main thread that later forks the ranks keeps its priority, and so do
+    they (a fork copies only the calling thread).
+    """
+    failed: list[BaseException] = []
+
+    def niced() -> None:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WARM_UP_NICE)
+        try:
+            imports()
+        except BaseException as exc:  # raised again in the main thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=niced, name="standby-warm-up")
+    thread.start()
+    thread.join()  # a signal's handler still runs meanwhile (lock waits are interruptible)
+    if failed:
+        raise failed[0]
+
+
 def wait_for_go(directory: Path) -> dict[str, str]:
     while (env := read_go(directory)) is None:
         time.sleep(GO_POLL_S)
@@ -121,7 +149,7 @@ def main(run: Callable[[], int], leave: Callable[[int], None]) -> int:
         raise ValueError(f"{STANDBY_ENV} is not set")
     for signum in STOP_SIGNALS:
         signal.signal(signum, _leave)
-    warm_up()
+    warm_up_in_background(warm_up)
     slurm = SlurmEnv.from_environ(os.environ)
     touch(directory / f"{READY_PREFIX}{slurm.nodename or 'local'}")
     go = wait_for_go(directory)

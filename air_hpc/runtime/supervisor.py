@@ -31,8 +31,8 @@ Why each check:
 - A step where no rank beats for the backstop time (every process frozen, or
   the filesystem gone) is stopped as hung: the backstop to the ranks' own watchdogs.
 
-With spares, once the step's ranks are past their imports, warm standby ranks (``runtime.standby``:
-one ``srun`` per healthy node, interpreter started and torch/megatron-core imported) wait beside
+With spares, warm standby ranks (``runtime.standby``: one ``srun`` per healthy node, started with
+the step, interpreter started and torch/megatron-core imported at the lowest priority) wait beside
 it; a restart promotes them instead of starting a new ``srun`` (``resilience.warm_standby``), which
 saves the start's interpreter and imports, most of a restart.
 
@@ -434,8 +434,7 @@ class Supervisor:
         proc, join_readers = warm or self._start_srun(attempt, env, failures)
         self._proc = proc
         self._next = (attempt + 1, (*hosts, *spares), bool(spares) or self._in_place_left())
-        if warm:
-            self._start_standby(gen_dir, imported=True)
+        self._start_standby()
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="probe")
         try:
             rc, probing, hung = self._watch(proc, gen_dir, hosts, failures, pool)
@@ -481,14 +480,14 @@ class Supervisor:
         res = self.job.resources
         return bool(self.job.resilience.warm_standby and res.spare_nodes and Path(self.srun_argv[0]).name == "srun")
 
-    def _start_standby(self, gen_dir: Path, imported: bool = False) -> None:
-        """Once the step's ranks are past their imports (promoted standbys, or a rank beat), start the standbys for
-        the next attempt on its nodes: a fault soon after a restart then finds them further on (their imports
-        compete only with the step's own set-up and training, not with its imports)."""
+    def _start_standby(self) -> None:
+        """Start the standbys for the next attempt on the step's nodes and the spares, as the step starts: their
+        imports run at the lowest priority (``runtime.standby``), so they take only what the step leaves idle,
+        and a fault soon after a start or a restart finds them further on."""
         if not self.warm_standby or self._standby is not None or self.stopping:
             return
         attempt, nodes, restart_left = self._next
-        if not restart_left or not (imported or any(gen_dir.glob(BEAT_GLOB))):
+        if not restart_left:
             return
         directory = self.start_dir / f"standby-{attempt}"
         remove_tree(directory)
@@ -553,7 +552,6 @@ class Supervisor:
                 kill_at = time.monotonic()  # srun would wait for slurmctld to time the node out
             if not hung and time.monotonic() > stale_at:
                 stale_at = time.monotonic() + STALE_CHECK_S
-                self._start_standby(gen_dir)
                 if self._stale(gen_dir):
                     hung = True
                     log.warning("no rank made progress for %d s; stopping the step as hung", self.backstop_s)

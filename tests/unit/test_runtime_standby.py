@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,9 +17,11 @@ from air_hpc.runtime.standby import (
     RANK_GRACE_S,
     STANDBY_ENV,
     STARTED_AT_ENV,
+    WARM_UP_NICE,
     rank_slots,
     read_go,
     wait_for_go,
+    warm_up_in_background,
     write_go,
 )
 from air_hpc.runtime.step_group import StepGroup
@@ -223,3 +226,22 @@ def test_a_warm_standby_builds_its_model_and_optimizer_without_importing_anythin
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_warm_up_imports_at_the_lowest_priority_and_the_ranks_keep_theirs() -> None:
+    """The imports' thread is niced (it takes only the CPU the step beside it leaves); the main thread, which forks
+    the ranks, is not, and an import's error reaches it."""
+    seen: dict[str, int] = {}
+
+    def imports() -> None:
+        seen["thread"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    warm_up_in_background(imports)
+    assert seen["thread"] == WARM_UP_NICE and os.getpriority(os.PRIO_PROCESS, 0) == before
+
+    def broken() -> None:
+        raise ImportError("no module named megatron")
+
+    with pytest.raises(ImportError, match="megatron"):
+        warm_up_in_background(broken)

@@ -421,28 +421,25 @@ def test_a_stop_recorded_before_the_supervisor_was_armed_requeues_without_a_step
     assert not log.exists()
 
 
-def test_standbys_start_once_the_ranks_are_past_their_imports(tmp_path: Path, small_corpus: Path) -> None:
-    """Not while a cold step's ranks import (they would share the cores), but at their first beat, and at once
-    for a step of promoted standbys: a fault soon after a restart then finds the next standbys further on."""
-    sup, run_dir, _ = supervised(tmp_path, small_corpus, "ok", spares=1)
+def test_standbys_start_with_the_step_and_only_while_a_restart_is_left(tmp_path: Path, small_corpus: Path) -> None:
+    """With the step (their imports take only the CPU it leaves idle): a fault soon after a start or a restart then
+    finds them further on. None once no restart is left, none twice."""
+    sup, _, _ = supervised(tmp_path, small_corpus, "ok", spares=1)
     srun = tmp_path / "bin" / "srun"  # standbys serve a real srun step: a stand-in under that name
     srun.parent.mkdir()
     srun.write_text("#!/bin/sh\nexec sleep 60\n")
     srun.chmod(0o755)
     sup.srun_argv = (str(srun), "--x")
-    sup._next = (1, ("n3", "n4", "n5"), True)
-    gen_dir = run_dir.heartbeat / "7-0.0"
-    gen_dir.mkdir(parents=True)
     try:
-        sup._start_standby(gen_dir)
-        assert sup._standby is None  # the ranks still import
-        sup._start_standby(gen_dir, imported=True)
-        assert sup._standby is not None and sup._standby.attempt == 1
-        assert all(sup._standby.group.alive(node) for node in ("n3", "n4", "n5"))
-        sup._end_step()
-        assert sup._standby is None
-        (gen_dir / "rank-0.json").write_text("{}")  # a rank's first beat: past its imports
-        sup._start_standby(gen_dir)
-        assert sup._standby is not None
+        sup._next = (1, ("n3", "n4", "n5"), False)
+        sup._start_standby()
+        assert sup._standby is None  # no spare and no in-place restart left: nothing to stand by for
+        sup._next = (1, ("n3", "n4", "n5"), True)
+        sup._start_standby()
+        standby = sup._standby
+        assert standby is not None and standby.attempt == 1
+        assert all(standby.group.alive(node) for node in ("n3", "n4", "n5"))
+        sup._start_standby()
+        assert sup._standby is standby
     finally:
         sup._end_step()
