@@ -26,7 +26,7 @@ from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.jobs import JobState
 from air_hpc.topology import treeconf
 from tests.integration import test_resilience_preempt as preempt
-from tests.integration.test_resilience_preempt import REPO, STEPS, job_overrides, kinds, last_step, shard_hashes
+from tests.integration.test_resilience_preempt import REPO, STEPS, job_overrides, kinds, shard_hashes
 from tests.integration.waiting import wait_ended, wait_for
 
 pytestmark = pytest.mark.integration
@@ -193,14 +193,19 @@ def test_spares_used_up_requeue_without_the_bad_nodes(
 def test_preemption_under_the_supervisor_saves_and_requeues(
     testbed: Any, corpus: Path, reference: RunDir, tmp_path: Path
 ) -> None:
-    """The batch shell forwards the signal to the supervisor, which forwards it to srun: a stop is never restarted."""
+    """The batch shell forwards the signal to the supervisor, which forwards it to the step: after a crash, the
+    promoted standbys, each of which passes it to the ranks it forked. A stop is never restarted."""
     job_id, run_dir = submit_with_spare(testbed, corpus, tmp_path, "preempted")
-    wait_for("step 1", lambda: last_step(run_dir) >= 1, timeout_s=600)
+    wait_past(run_dir, "checkpoint_saved")
+    wait_warm(run_dir)
+    kill_rank(run_dir)
+    wait_past(run_dir, "resume")
     testbed.client.scancel(job_id, signal="USR2", batch=True)
     status = wait_ended(testbed.client, job_id, 400)
     assert status.state == JobState.COMPLETED, "\n".join(p.read_text()[-1500:] for p in run_dir.logs.glob("*.err"))
     assert [e["reason"] for e in kinds(run_dir, "stop")] == ["signal"]
     assert [e["exit_code"] for e in kinds(run_dir, "requeue")] == [85]
-    assert not kinds(run_dir, "in_job_restart") and not read_bad_nodes(run_dir.bad_nodes)
+    assert [(e["attempt"], e["warm"]) for e in kinds(run_dir, "step_started")][:2] == [(0, False), (1, True)]
+    assert len(kinds(run_dir, "in_job_restart")) == 1
     assert len(starts(run_dir)) == 2
     check_like_reference(run_dir, reference)
