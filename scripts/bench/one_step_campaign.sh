@@ -5,7 +5,7 @@
 # Runs tests/integration/test_chaos_one_step_testbed.py (which checks at most one step lost per fault, hangs
 # caught at learned limits, bit for bit equal losses and weights) and prints each fault's detection, loss and
 # fault to first resumed step, the median, and the goodput of the campaign against the reference's measured in
-# the same run (about 150 s on 2 cores; CI runs the same test). Usage: scripts/bench/one_step_campaign.sh [PYTEST ARGS]
+# the same run (about 125 s on 2 cores; CI runs the same test). Usage: scripts/bench/one_step_campaign.sh [PYTEST ARGS]
 # (AIR_HPC_TEST_STATE_DIR=DIR reuses a testbed).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."

@@ -7,7 +7,7 @@ them find none left and restart in place. Every restart resumes from the in-memo
 start, and both hangs are caught at limits learned from the run (the frozen step at one learned from the first
 start's warm-up steps), far under the configured 300 s and 900 s.
 
-About 150 s on 2 cores; ``scripts/bench/one_step_campaign.sh`` runs it alone and shows what it prints.
+About 125 s on 2 cores; ``scripts/bench/one_step_campaign.sh`` runs it alone and shows what it prints.
 """
 
 import statistics
