@@ -29,4 +29,4 @@ cleanup() {
     air-hpc testbed down --state-dir "$state_dir" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
-pytest -q -p no:cacheprovider --timeout=900 "$@"
+pytest -q -p no:cacheprovider --timeout=900 --durations=30 "$@"
