@@ -2,9 +2,9 @@
 
 Each step is slowed to 3 s (sitecustomize on the job's PYTHONPATH), so with a three-minute time limit and
 ``resilience.time_margin_s=90`` a link trains at most thirty steps (about twenty-five: the start takes a few
-seconds of its 90), stops at the trainer's deadline, saves and hands over without requeueing itself; the next link (``--dependency=singleton``) takes the
-run's ownership as it starts and resumes. The run reaches its full step count, and the links left when
-it completes are cancelled before they ever get an allocation.
+seconds of its 90), stops at the trainer's deadline, saves and hands over without requeueing itself; the
+next link (``--dependency=singleton``) takes the run's ownership as it starts and resumes. The run reaches
+its full step count, and the links left when it completes are cancelled before they ever get an allocation.
 
 Slurm sends ``--signal`` up to a minute before the lead it was given (slurmctld checks time limits
 periodically), so the deadline (limit - 90 s) is kept well ahead of the earliest signal
