@@ -32,7 +32,8 @@ from air_hpc.observe.records import Event, RunRecords, StepRecord
 from air_hpc.records.events import RESUME_KINDS, EventKind
 
 #: Events that show the job noticed a fault (the batch shell, the ranks' stop, the watchdog, the pre-flight
-#: check, the supervisor's dead node, a rank's exception, the requeue).
+#: check, the supervisor's dead node, a rank's exception, the requeue, the supervisor's in-job restart: the
+#: ranks beside a killed one may be ended before they can record their own failure).
 DETECTION_KINDS = frozenset(
     {
         EventKind.SIGNAL,
@@ -42,6 +43,7 @@ DETECTION_KINDS = frozenset(
         EventKind.NODE_DEAD,
         EventKind.RANK_FAILED,
         EventKind.REQUEUE,
+        EventKind.IN_JOB_RESTART,
         EventKind.STRAGGLER,
     }
 )

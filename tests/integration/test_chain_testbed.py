@@ -25,6 +25,7 @@ from air_hpc.records.jsonl import read_jsonl
 from air_hpc.records.metrics import read_metrics
 from air_hpc.records.rundir import RunDir
 from air_hpc.train import data
+from tests.integration.slow_steps import slow_steps_override
 from tests.integration.waiting import wait_ended
 
 pytestmark = pytest.mark.integration
@@ -32,32 +33,9 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 34  # more than a link can train: the second one trains the last few
 
-SLOW_STEPS = """
-import sys, threading, time
-
-
-def _patch():
-    while not hasattr(sys.modules.get("air_hpc.train.loop"), "StepRunner"):
-        time.sleep(0.02)
-    runner = sys.modules["air_hpc.train.loop"].StepRunner
-    original = runner.step
-
-    def step(self, consumed):
-        time.sleep(3)
-        return original(self, consumed)
-
-    runner.step = step
-
-
-threading.Thread(target=_patch, daemon=True).start()
-"""
-
 
 def test_a_three_link_chain_reaches_the_full_step_count_under_a_short_time_limit(testbed: Any, tmp_path: Path) -> None:
     corpus = data.prepare(data.project_sources(), tmp_path / "corpus.h5", data.ByteTokenizer()).path
-    inject = tmp_path / "inject"
-    inject.mkdir()
-    (inject / "sitecustomize.py").write_text(SLOW_STEPS)
     sets = [
         f"run.root={tmp_path / 'runs'}",
         "run.name=chained",
@@ -73,7 +51,7 @@ def test_a_three_link_chain_reaches_the_full_step_count_under_a_short_time_limit
         "resources.time_limit_min=3",
         "resilience.time_margin_s=90",
         "resilience.signal_lead_s=10",
-        f"env.PYTHONPATH={inject}:{REPO}",
+        slow_steps_override(tmp_path / "inject", 3.0),
     ]
     args = ["submit", "configs/jobs/gpt-tiny-testbed.yaml", *(f"--set={s}" for s in sets), "--chain", "3", "--json"]
     done = subprocess.run(

@@ -126,28 +126,3 @@ def test_a_dead_node_without_spares_is_blamed_and_the_run_resumes_elsewhere(
     starts = [r["nodelist"] for r in read_jsonl(run_dir.submissions) if r.get("kind") == "started"]
     campaign.check(len(starts) == 2 and dead not in hostlist.expand(starts[1], "started"))
     campaign.check(fetch_sinfo_states(testbed.client)[dead].rstrip("*~#") in {"idle", "allocated", "mixed"})
-
-
-def test_with_a_spare_and_snapshots_every_kill_loses_at_most_a_step(
-    testbed: Any, tmp_path: Path, run_main: RunMain
-) -> None:
-    """A dead node takes the only spare; the killed save and the killed rank after it restart the step in place
-    from the in-memory snapshots (the holders live on): each fault redoes at most one step, all in one job start.
-
-    Seed 5 strikes node-kill after step 1, ckpt-kill after step 6 (in the next save) and rank-kill after step 9.
-    """
-    sets = ["train.steps=12", "resources.spare_nodes=1", "checkpoint.memory_interval_steps=1"]
-    sets.append(f"cluster.topology_file={testbed.topology_conf}")
-    campaign = Campaign(testbed, tmp_path, run_main, "node-kill,ckpt-kill,rank-kill", 3, seed=5, overrides=sets)
-    campaign.check_nothing_lost(["ckpt-kill", "node-kill", "rank-kill"])
-    faults = campaign.result["faults"]
-    campaign.check([f["kind"] for f in faults] == ["node-kill", "ckpt-kill", "rank-kill"])
-    campaign.check(all(f["resumed_from_step"] is not None and f["steps_lost"] <= 1 for f in faults))
-    events = read_events(Path(campaign.result["run_dir"]) / "events.jsonl")
-    campaign.check(len([e for e in events if e["kind"] == "memory_resume"]) == 3)
-    campaign.check(not [e for e in events if e["kind"] in ("resume", "requeue", "spares_exhausted")])
-    restarts = [e["replaced"] for e in events if e["kind"] == "in_job_restart"]
-    campaign.check(len(restarts) == 3 and restarts[0] and not restarts[1] and not restarts[2])
-    for f in faults:
-        lost, resumed = f"{f['steps_lost']} step(s), {f['seconds_lost']} s", f"{f['resumed_after_s']:.1f} s"
-        print(f"{f['kind']}: lost {lost}, first step after the fault {resumed} after it")

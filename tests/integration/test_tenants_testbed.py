@@ -28,6 +28,7 @@ from air_hpc.slurm.reasons import plain_reason
 from air_hpc.testbed import Testbed
 from air_hpc.testbed.conf import Settings
 from air_hpc.train import data
+from tests.integration.slow_steps import slow_steps_override
 from tests.integration.test_jobs_testbed import AIR_HPC, PAYLOAD, cli, submit_payload, wait_state
 from tests.integration.waiting import wait_ended, wait_for
 
@@ -159,6 +160,7 @@ def test_a_high_job_preempts_a_scavenger_run_which_saves_requeues_once_and_resum
         f"cluster.topology_file={tenants_bed.testbed.layout.topology_conf}",
         "cluster.account=research",
         "cluster.qos=scavenger",
+        slow_steps_override(tmp_path / "inject", 1.0),  # the high job lands while it trains, not after
     ]
     done = submit(load_job(REPO / "configs/jobs/gpt-tiny-testbed.yaml", overrides), "slurm", tenants_bed.client)
     run_dir = RunDir(done.run_dir)

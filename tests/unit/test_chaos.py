@@ -160,6 +160,23 @@ def test_a_killed_rank_is_detected_resumed_and_its_steps_since_the_checkpoint_co
     assert outcome.seconds_lost == pytest.approx(27.0) and outcome.detected_by == "requeue"
 
 
+def test_a_killed_rank_whose_peers_recorded_nothing_is_detected_by_the_in_job_restart() -> None:
+    """The ranks beside a killed one may be ended before they record their own failure: the supervisor's
+    in-job restart is the detection then."""
+    records = _records(
+        [(1, 101.0), (2, 102.0), (3, 104.0)],
+        [
+            {"time": 102.6, "kind": "step_ended", "exit_code": 137},
+            {"time": 102.61, "kind": "in_job_restart", "attempt": 1, "replaced": {}},
+            {"time": 102.62, "kind": "start", "generation": "7-0.1"},
+            {"time": 103.5, "kind": "memory_resume", "step": 2},
+        ],
+    )
+    outcome = fault_outcome(records, _injection(1, "rank-kill", 102.5), float("inf"))
+    assert outcome.detected_after_s == pytest.approx(0.11) and outcome.detected_by == "in_job_restart"
+    assert (outcome.resumed_from_step, outcome.steps_lost) == (2, 0)
+
+
 def test_a_resume_from_in_memory_snapshots_counts_from_the_snapshots_step() -> None:
     records = _records(
         [(1, 101.0), (2, 102.0), (3, 103.0), (4, 104.0), (5, 109.0)],
