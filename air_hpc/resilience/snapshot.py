@@ -3,7 +3,12 @@
 A snapshot must be cheap to take after every step and safe to read back from another
 process: nothing in it is pickled. The blob is
 
-    MAGIC | u64 header length | header (JSON) | tensor bytes (64-byte aligned) | sha256 of all before it
+    MAGIC | u64 header length | header (JSON) | tensor bytes (64-byte aligned) | XXH3-128 of all before it
+
+The digest guards against corruption (a bit flip, a torn copy, a wrong buffer), not against a
+forger: only the job's own user reaches the holders (a 0700 socket directory, its owner checked),
+and XXH3 hashes at memory speed (~8 GB/s, 7x sha256 with SHA-NI on one core) on a path that
+runs after every step and again on every restore.
 
 The header holds the step, the owner rank, the world size and the parallel layout, and the
 state as a JSON tree whose tensors are references into the tensor bytes (dtype, shape,
@@ -18,7 +23,6 @@ checksum before any tensor is built, and :func:`restore` loads a decoded snapsho
 :class:`~air_hpc.resilience.training_state.TrainingState`.
 """
 
-import hashlib
 import io
 import json
 import struct
@@ -27,14 +31,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import xxhash
 
 from air_hpc.config.layout import ParallelLayout
 from air_hpc.errors import CheckpointError
 from air_hpc.resilience.training_state import TrainingState
 
-MAGIC = b"AIRSNAP1"
-FORMAT = 1
-DIGEST_BYTES = 32
+MAGIC = b"AIRSNAP2"
+FORMAT = 2
+DIGEST_BYTES = 16
 _ALIGN = 64
 _DTYPES = {
     str(dtype).removeprefix("torch."): dtype
@@ -160,7 +165,7 @@ class Capture:
         """Wait for an asynchronous device copy, then checksum header and data (off the critical path)."""
         if self._event is not None:
             self._event.synchronize()
-        digest = hashlib.sha256(self.header)
+        digest = xxhash.xxh3_128(self.header)
         digest.update(self.data())
         self.digest = digest.digest()
         return self
@@ -229,8 +234,8 @@ def decode(blob: bytes | bytearray | memoryview, expect: SnapshotInfo | None = N
     if len(view) < len(MAGIC) + 8 + DIGEST_BYTES or bytes(view[: len(MAGIC)]) != MAGIC:
         raise SnapshotError("not a snapshot (bad magic or too short)")
     body_len = struct.unpack("<Q", view[len(MAGIC) : len(MAGIC) + 8])[0]
-    if hashlib.sha256(view[:-DIGEST_BYTES]).digest() != bytes(view[-DIGEST_BYTES:]):
-        raise SnapshotError("checksum mismatch (sha256 of the snapshot differs from the one it was sealed with)")
+    if xxhash.xxh3_128(view[:-DIGEST_BYTES]).digest() != bytes(view[-DIGEST_BYTES:]):
+        raise SnapshotError("checksum mismatch (XXH3-128 of the snapshot differs from the one it was sealed with)")
     start = len(MAGIC) + 8
     try:
         doc = json.loads(bytes(view[start : start + body_len]))
