@@ -6,8 +6,8 @@ job, ours or not: ``--duplicates`` keeps each requeued run as its own line
 leaves out the steps. Lines of one job are not adjacent (sacct orders by
 submission), so a consumer groups them by ``JobIDRaw``.
 
-Parsing is built for a million lines: times are read by slicing with a cache
-of each hour's epoch, repeated strings (accounts, QOS, states, TRES) are shared,
+Parsing is built for a million lines: a time is two dict lookups (a cache of
+each minute's epoch, and its seconds), repeated strings (accounts, QOS, states, TRES) are shared,
 and a line that does not parse is counted with its line number, never raised.
 """
 
@@ -89,36 +89,47 @@ class _Malformed(ValueError):
     pass
 
 
+#: "00".."59" and "60" (a leap second) as numbers: a dict lookup is stricter than ``int`` (no sign, space or
+#: non-ASCII digit gets through) and faster.
+_SIXTY = {f"{n:02d}": n for n in range(61)}
+
+
 class _Times:
-    """Slurm's local ``2026-12-04T17:47:52`` as epoch seconds, one ``mktime`` per distinct hour."""
+    """Slurm's local ``2026-12-04T17:47:52`` as epoch seconds, one ``mktime`` per distinct hour.
+
+    The common case is two dict lookups: the epoch of the text's minute (``2026-12-04T17:47:``), cached,
+    plus its seconds. A zone changes its offset on an hour boundary, so the hour's epoch is the one
+    ``mktime`` a minute needs.
+    """
 
     def __init__(self) -> None:
         self._hours: dict[str, int] = {}
+        self._minutes: dict[str, int] = {}
 
-    def __call__(self, text: str, what: str) -> int | None:
-        base = self._hours.get(text[:13])
-        if base is not None and len(text) == 19 and text[13] == ":" and text[16] == ":":
-            try:
-                minutes, seconds = int(text[14:16]), int(text[17:19])
-            except ValueError:
-                raise _Malformed(f"{what} {text!r} is not a time") from None
-            if 0 <= minutes < 60 and 0 <= seconds < 61:
-                return base + 60 * minutes + seconds
-            raise _Malformed(f"{what} {text!r} is not a time")
-        return self._first_of_hour(text, what)
+    def parse(self, text: str, what: str) -> int | None:
+        base = self._minutes.get(text[:17])
+        if base is not None and len(text) == 19:
+            seconds = _SIXTY.get(text[17:])
+            if seconds is not None:
+                return base + seconds
+        return self._slow(text, what)
 
-    def _first_of_hour(self, text: str, what: str) -> int | None:
+    def _slow(self, text: str, what: str) -> int | None:
         if text in NO_TIME:
             return None
         if text.isascii() and text.isdigit():  # SLURM_TIME_FORMAT=%s
             return int(text)
-        if len(text) != 19 or text[10] != "T" or text[13] != ":" or text[16] != ":":
+        minute, seconds = _SIXTY.get(text[14:16], 60), _SIXTY.get(text[17:19])
+        if len(text) != 19 or text[10] != "T" or text[13] != ":" or text[16] != ":" or minute > 59 or seconds is None:
             raise _Malformed(f"{what} {text!r} is not a time")
-        try:
-            self._hours[text[:13]] = int(datetime.datetime.fromisoformat(f"{text[:13]}:00:00").timestamp())
-        except ValueError:
-            raise _Malformed(f"{what} {text!r} is not a time") from None
-        return self(text, what)
+        hour = self._hours.get(text[:13])
+        if hour is None:
+            try:
+                hour = self._hours[text[:13]] = int(datetime.datetime.fromisoformat(f"{text[:13]}:00:00").timestamp())
+            except ValueError:
+                raise _Malformed(f"{what} {text!r} is not a time") from None
+        base = self._minutes[text[:17]] = hour + 60 * minute
+        return base + seconds
 
 
 def _count(text: str, what: str) -> int:
@@ -178,7 +189,7 @@ class _Parser:
         gpus = self.tres.get(tres)
         if gpus is None:
             gpus = self.tres[tres] = gpus_of_tres(tres)
-        times, share = self.times, self.strings.setdefault
+        times, share = self.times.parse, self.strings.setdefault
         submit_s = times(submit, "Submit")
         if submit_s is None:
             raise _Malformed(f"Submit {submit!r} is not a time")

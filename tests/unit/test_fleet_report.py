@@ -67,6 +67,17 @@ def test_malformed_lines_are_counted_with_their_line_never_raised() -> None:
     assert "Submit '2026-13-04T17:46:59' is not a time" in parsed.examples[2]
 
 
+@pytest.mark.parametrize("odd", ["17:+7:52", "17:4\uff17:52", "17:47: 2", "17:47:5 ", "17:\u06657:52", "17:47:61"])
+def test_a_time_with_a_sign_space_or_non_ascii_digit_is_malformed(odd: str) -> None:
+    """``int`` reads ``+7``, `` 2`` and a fullwidth ``7``; a time field must not, even in an hour already seen."""
+    good = FIXTURE.read_text().splitlines()
+    line = good[2].replace("T17:47:07", f"T{odd}")
+    assert line != good[2]
+    parsed = parse_accounting(iter_lines("\n".join([*good, line])))
+    assert (len(parsed.rows), parsed.malformed) == (14, 1)
+    assert f"T{odd}' is not a time" in parsed.examples[0]
+
+
 @pytest.mark.parametrize(
     ("tres", "gpus"),
     [
