@@ -25,7 +25,7 @@ from air_hpc.records.jsonl import read_jsonl
 from air_hpc.records.metrics import read_metrics
 from air_hpc.records.rundir import RunDir
 from air_hpc.train import data
-from tests.integration.slow_steps import slow_steps_override
+from tests.integration.step_injection import slow_steps_override
 from tests.integration.waiting import wait_ended
 
 pytestmark = pytest.mark.integration

@@ -24,6 +24,7 @@ from air_hpc.records.jsonl import read_jsonl
 from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.jobs import JobState
 from air_hpc.train import data
+from tests.integration.step_injection import step_injection
 from tests.integration.waiting import wait_ended
 
 pytestmark = pytest.mark.integration
@@ -31,30 +32,15 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 #: Injected through PYTHONPATH into every rank: rank 1 dies in whichever training step it reaches first.
-CRASH_INJECTION = """
-import os, sys, threading, time
-
-def _patch():
-    while not hasattr(sys.modules.get("air_hpc.train.loop"), "StepRunner"):
-        time.sleep(0.02)
-    runner = sys.modules["air_hpc.train.loop"].StepRunner
-
-    def step(self, consumed):
-        os._exit(1)
-
-    runner.step = step
-
-if os.environ.get("SLURM_PROCID") == "1":
-    threading.Thread(target=_patch, daemon=True).start()
+CRASH_STEP = """
+def step(self, consumed):
+    os._exit(1)
 """
 
 
 def test_restarts_without_progress_stop_with_crash_loop(testbed: Any, tmp_path: Path) -> None:
     corpus = tmp_path / "corpus.h5"
     data.prepare(data.project_sources(), corpus, data.ByteTokenizer())
-    inject = tmp_path / "inject"
-    inject.mkdir()
-    (inject / "sitecustomize.py").write_text(CRASH_INJECTION)
     job = load_job(
         REPO / "configs/jobs/gpt-tiny-testbed.yaml",
         [
@@ -64,7 +50,7 @@ def test_restarts_without_progress_stop_with_crash_loop(testbed: Any, tmp_path: 
             "placement.topology_aware=false",
             "health.preflight=false",
             "checkpoint.interval_steps=30",
-            f"env.PYTHONPATH={inject}",
+            step_injection(tmp_path / "inject", CRASH_STEP, when='os.environ.get("SLURM_PROCID") == "1"'),
             "resilience.max_restarts=6",
             "resilience.max_no_progress_restarts=2",
         ],

@@ -25,6 +25,7 @@ from air_hpc.records.events import read_events
 from air_hpc.records.jsonl import read_jsonl
 from air_hpc.records.rundir import RunDir
 from air_hpc.slurm.jobs import JobState
+from tests.integration.step_injection import step_injection
 from tests.integration.waiting import wait_ended
 
 pytestmark = pytest.mark.integration
@@ -159,36 +160,21 @@ def test_batch_script_stops_a_step_whose_ranks_all_froze(testbed: Any, tmp_path:
 
 #: Injected through PYTHONPATH into the real trainer: on the first start, rank 3 sleeps forever in
 #: the middle of its 8th step (after the step-6 checkpoint).
-HANG_INJECTION = """
-import os, sys, threading, time
-
-def _patch():
-    while not hasattr(sys.modules.get("air_hpc.train.loop"), "StepRunner"):
-        time.sleep(0.02)
-    runner = sys.modules["air_hpc.train.loop"].StepRunner
-    original = runner.step
-
-    def step(self, consumed):
-        # The step number from the samples consumed, not from a count of calls: under load this thread
-        # may patch the class after the first steps ran.
-        if consumed // self.job.train.global_batch_size + 1 == 8:
-            while True:
-                time.sleep(3600)
-        return original(self, consumed)
-
-    runner.step = step
-
-if os.environ.get("SLURM_PROCID") == "3" and os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
-    threading.Thread(target=_patch, daemon=True).start()
+HANG_STEP = """
+def step(self, consumed):
+    # The step number from the samples consumed, not from a count of calls: under load this thread
+    # may patch the class after the first steps ran.
+    if consumed // self.job.train.global_batch_size + 1 == 8:
+        while True:
+            time.sleep(3600)
+    return original(self, consumed)
 """
+HANG_RANK = 'os.environ.get("SLURM_PROCID") == "3" and os.environ.get("SLURM_RESTART_COUNT", "0") == "0"'
 
 
 def test_hung_rank_in_the_real_trainer_is_detected_excluded_and_the_run_finishes(
     testbed: Any, tmp_path: Path, corpus: Path
 ) -> None:
-    inject = tmp_path / "inject"
-    inject.mkdir()
-    (inject / "sitecustomize.py").write_text(HANG_INJECTION)
     job = make_job(
         testbed,
         tmp_path,
@@ -197,7 +183,7 @@ def test_hung_rank_in_the_real_trainer_is_detected_excluded_and_the_run_finishes
         "train.lr_warmup_steps=1",
         "checkpoint.interval_steps=3",
         f"health.heartbeat_step_s={STEP_LIMIT_S}",
-        f"env.PYTHONPATH={inject}",
+        step_injection(tmp_path / "inject", HANG_STEP, when=HANG_RANK),
     )
     hang_rank = 3
     done = submit(job, "slurm", testbed.client)

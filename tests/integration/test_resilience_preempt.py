@@ -31,6 +31,7 @@ from air_hpc.testbed import Testbed
 from air_hpc.testbed.conf import Settings
 from air_hpc.train import data
 from tests.integration.local_run import submit_local
+from tests.integration.step_injection import step_injection
 from tests.integration.waiting import wait_ended, wait_for
 
 pytestmark = pytest.mark.integration
@@ -209,9 +210,8 @@ def test_testbed_job_preempted_by_slurm_saves_in_grace_requeues_once_and_matches
 #: On the first start every rank waits up to 15 s before each step (sitecustomize on the job's PYTHONPATH), so
 #: the run cannot finish within its two-minute time limit however fast it starts; the wait ends as soon as the
 #: rank's stop handler sees the signal, so the stop is not delayed. Later starts train at full speed.
-SLOW_FIRST_START = """
-import os, signal, sys, threading, time
-
+FIRST_START = 'os.environ.get("SLURM_RESTART_COUNT", "0") == "0"'
+SLOW_FIRST_START_PRELUDE = f"""
 stopped = threading.Event()
 _install = signal.signal
 
@@ -227,21 +227,13 @@ def _chained(signum, handler):
     return _install(signum, handler)
 
 
-def _patch():
-    while not hasattr(sys.modules.get("air_hpc.train.loop"), "StepRunner"):
-        time.sleep(0.02)
-    runner = sys.modules["air_hpc.train.loop"].StepRunner
-    original = runner.step
-
-    def step(self, consumed):
-        stopped.wait(15)
-        return original(self, consumed)
-
-    runner.step = step
-
-if os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
+if {FIRST_START}:
     signal.signal = _chained
-    threading.Thread(target=_patch, daemon=True).start()
+"""
+SLOW_FIRST_START_STEP = """
+def step(self, consumed):
+    stopped.wait(15)
+    return original(self, consumed)
 """
 
 
@@ -251,9 +243,6 @@ def test_testbed_job_at_its_time_limit_gets_the_signal_saves_requeues_and_matche
     """--time=2 with --signal=B:USR2@20: Slurm signals the batch shell 20 to 50 s before the limit (it checks
     every 30 s), the ranks save, the batch script requeues (this is not Slurm's preemption), and the run ends
     like the uninterrupted one."""
-    inject = tmp_path / "inject"
-    inject.mkdir()
-    (inject / "sitecustomize.py").write_text(SLOW_FIRST_START)
     job = load_job(
         REPO / "configs/jobs/gpt-tiny-testbed.yaml",
         [
@@ -263,7 +252,9 @@ def test_testbed_job_at_its_time_limit_gets_the_signal_saves_requeues_and_matche
             "resilience.signal_lead_s=20",
             "resilience.max_restarts=5",
             "resilience.time_margin_s=0",
-            f"env.PYTHONPATH={inject}:{REPO}",
+            step_injection(
+                tmp_path / "inject", SLOW_FIRST_START_STEP, when=FIRST_START, prelude=SLOW_FIRST_START_PRELUDE
+            ),
         ],
     )
     done = submit_slurm(job, "slurm", testbed.client)

@@ -28,7 +28,7 @@ from air_hpc.slurm.reasons import plain_reason
 from air_hpc.testbed import Testbed
 from air_hpc.testbed.conf import Settings
 from air_hpc.train import data
-from tests.integration.slow_steps import slow_steps_override
+from tests.integration.step_injection import slow_steps_override
 from tests.integration.test_jobs_testbed import AIR_HPC, PAYLOAD, cli, submit_payload, wait_state
 from tests.integration.waiting import wait_ended, wait_for
 
